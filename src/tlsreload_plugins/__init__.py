@@ -1,0 +1,48 @@
+"""Keep TLS certificates fresh inside running gunicorn and uvicorn servers.
+
+The core (this package's top level) knows no server. Give :class:`Reloader` the files and a
+recipe that builds the server's context, hand :attr:`Reloader.context` to the server, and
+drive checks with :class:`ThreadDriver` or :class:`AsyncioDriver`::
+
+    reloader = Reloader("tls.crt", "tls.key", recipe=build_my_context)
+    server = make_server(ssl_context=reloader.context)
+    with ThreadDriver(reloader):
+        server.serve_forever()
+
+The adapters live in :mod:`tlsreload_plugins.gunicorn` and :mod:`tlsreload_plugins.uvicorn`.
+"""
+
+from .drivers import AsyncioDriver, ThreadDriver
+from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, fingerprint, read_files, validate
+from .reloader import (
+    DEFAULT_EXPIRY_WARNING_DAYS,
+    DEFAULT_INTERVAL,
+    Outcome,
+    Reloader,
+    Status,
+    build_context,
+    resolve_expiry_warning_days,
+    resolve_interval,
+)
+
+__all__ = [
+    "DEFAULT_EXPIRY_WARNING_DAYS",
+    "DEFAULT_INTERVAL",
+    "AsyncioDriver",
+    "InvalidIdentity",
+    "Leaf",
+    "Outcome",
+    "Password",
+    "Reloader",
+    "Snapshot",
+    "Status",
+    "TLSFiles",
+    "ThreadDriver",
+    "build_context",
+    "fingerprint",
+    "read_files",
+    "resolve_expiry_warning_days",
+    "resolve_interval",
+    "validate",
+]
+__version__ = "0.1.0"

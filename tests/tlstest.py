@@ -1,0 +1,350 @@
+"""Test kit shared by every test file: certificates, the on-disk layouts real systems write,
+real TLS clients, and polling with deadlines. No mocks: everything here does real I/O."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trustme
+from cryptography import x509
+
+HOST = "127.0.0.1"
+
+
+# --- certificates ---------------------------------------------------------------------------
+
+
+@dataclass
+class Pair:
+    """A leaf certificate (with its chain) and key, as PEM bytes."""
+
+    chain: bytes
+    key: bytes
+    serial: str
+
+    @property
+    def leaf(self) -> bytes:
+        end = b"-----END CERTIFICATE-----\n"
+        return self.chain[: self.chain.index(end) + len(end)]
+
+
+def issue(ca: trustme.CA, *names: str, key_type: trustme.KeyType | None = None, **kwargs: Any) -> Pair:
+    """Mint a leaf for ``names`` (default localhost and 127.0.0.1) signed by ``ca``."""
+    extra = {"key_type": key_type} if key_type is not None else {}
+    leaf = ca.issue_cert(*(names or ("localhost", HOST)), **extra, **kwargs)
+    chain = b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
+    cert = x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes())
+    return Pair(chain=chain, key=leaf.private_key_pem.bytes(), serial=format(cert.serial_number, "X"))
+
+
+def serial_of(der: bytes) -> str:
+    return format(x509.load_der_x509_certificate(der).serial_number, "X")
+
+
+# --- real TLS clients -----------------------------------------------------------------------
+
+
+def client_context(ca: trustme.CA, client: Pair | None = None, **kwargs: Any) -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    if client is not None:
+        d = Path(os.environ.get("TMPDIR", "/tmp"))
+        path = d / f"tlstest-client-{os.getpid()}-{threading.get_ident()}.pem"
+        path.write_bytes(client.chain + client.key)
+        try:
+            ctx.load_cert_chain(str(path))
+        finally:
+            path.unlink()
+    for name, value in kwargs.items():
+        setattr(ctx, name, value)
+    return ctx
+
+
+def handshake(port: int, ctx: ssl.SSLContext, timeout: float = 10.0, host: str = HOST) -> ssl.SSLSocket:
+    """One full handshake (fresh connection); returns the open TLS socket."""
+    raw = socket.create_connection((host, port), timeout=timeout)
+    try:
+        return ctx.wrap_socket(raw, server_hostname="localhost")
+    except BaseException:
+        raw.close()
+        raise
+
+
+def served_serial(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> str:
+    """Serial of the leaf the server at ``port`` presents to a new connection."""
+    with handshake(port, ctx, timeout) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return serial_of(der)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as e:  # a server still starting refuses connections
+            last_error = e
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what or predicate}; last error: {last_error!r}"
+            )
+        time.sleep(interval)
+
+
+def wait_for_serial(port: int, ctx: ssl.SSLContext, serial: str, timeout: float, attempts: int = 1) -> float:
+    """Wait until ``attempts`` consecutive new connections all get ``serial``; returns seconds waited.
+
+    Several attempts matter with several workers: each connection may land on another one.
+    """
+    start = time.monotonic()
+
+    def all_new() -> bool:
+        return all(served_serial(port, ctx) == serial for _ in range(attempts))
+
+    wait_until(all_new, timeout, what=f"serial {serial} on port {port}")
+    return time.monotonic() - start
+
+
+@dataclass
+class Hammer:
+    """Client threads that handshake in a loop and count every failure, until stopped."""
+
+    port: int
+    ctx: ssl.SSLContext
+    threads: int = 4
+    successes: int = 0
+    failures: list[str] = field(default_factory=list)
+    serials: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                serial = served_serial(self.port, self.ctx)
+            except Exception as e:
+                with self._lock:
+                    self.failures.append(repr(e))
+            else:
+                with self._lock:
+                    self.successes += 1
+                    self.serials.add(serial)
+
+    def __enter__(self) -> Hammer:
+        for i in range(self.threads):
+            t = threading.Thread(target=self._loop, name=f"hammer-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(30)
+
+
+# --- on-disk layouts, written the way each real system writes them -------------------------
+
+
+class Layout:
+    """Where the server is told its files are, and how a rotation writes them."""
+
+    name = "layout"
+    cert_path: Path
+    key_path: Path
+
+    def install(self, pair: Pair) -> None:
+        """Rotate to ``pair``."""
+        self.write_raw(pair.chain, pair.key)
+
+    def write_raw(self, cert: bytes, key: bytes) -> None:
+        """Write arbitrary bytes (possibly broken) the way this layout writes."""
+        raise NotImplementedError
+
+
+class KubeletLayout(Layout):
+    """kubelet's atomic writer: dir/tls.crt -> ..data/tls.crt, ..data -> ..TIMESTAMP/; one rename swaps all files."""
+
+    name = "kubelet"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.cert_path = root / "tls.crt"
+        self.key_path = root / "tls.key"
+        self.ca_path = root / "ca.crt"
+        self._n = 0
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        self._n += 1
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y_%m_%d_%H_%M_%S")
+        ts_dir = self.root / f"..{stamp}.{os.getpid()}{self._n:06d}"
+        ts_dir.mkdir()
+        for name, data in files.items():
+            (ts_dir / name).write_bytes(data)
+            os.chmod(ts_dir / name, 0o644)
+        data_link = self.root / "..data"
+        old = os.readlink(data_link) if data_link.is_symlink() else None
+        tmp_link = self.root / "..data_tmp"
+        os.symlink(ts_dir.name, tmp_link)
+        os.rename(tmp_link, data_link)
+        for name in files:
+            link = self.root / name
+            if not link.is_symlink():
+                os.symlink(f"..data/{name}", link)
+        if old:
+            shutil.rmtree(self.root / old)
+
+    def write_raw(self, cert: bytes, key: bytes) -> None:
+        self.write_files({"tls.crt": cert, "tls.key": key})
+
+
+class CertbotLayout(Layout):
+    """certbot: live/NAME/*.pem are relative symlinks into archive/NAME/*N.pem, relinked one at a time
+    (unlink then symlink, in certbot's order cert, privkey, chain, fullchain)."""
+
+    name = "certbot"
+
+    def __init__(self, root: Path, domain: str = "example.test") -> None:
+        self.live = root / "live" / domain
+        self.archive = root / "archive" / domain
+        self.live.mkdir(parents=True, exist_ok=True)
+        self.archive.mkdir(parents=True, exist_ok=True)
+        self.cert_path = self.live / "fullchain.pem"
+        self.key_path = self.live / "privkey.pem"
+        self._version = 0
+
+    def write_raw(self, cert: bytes, key: bytes) -> None:
+        self._version += 1
+        v = self._version
+        end = b"-----END CERTIFICATE-----\n"
+        leaf = cert[: cert.index(end) + len(end)] if end in cert else cert
+        contents = {"cert": leaf, "privkey": key, "chain": cert[len(leaf) :], "fullchain": cert}
+        for kind, data in contents.items():
+            path = self.archive / f"{kind}{v}.pem"
+            path.write_bytes(data)
+            os.chmod(path, 0o600 if kind == "privkey" else 0o644)
+        for kind in ("cert", "privkey", "chain", "fullchain"):
+            link = self.live / f"{kind}.pem"
+            if link.is_symlink():
+                os.unlink(link)
+            os.symlink(os.path.join("..", "..", "archive", self.archive.name, f"{kind}{v}.pem"), link)
+
+
+class InPlaceLayout(Layout):
+    """A script or `cp` rewriting the files in place: truncate, then write in pieces; cert first, key later."""
+
+    name = "inplace"
+
+    def __init__(self, root: Path, pause: float = 0.002) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.cert_path = root / "server.crt"
+        self.key_path = root / "server.key"
+        self.pause = pause
+
+    def _write(self, path: Path, data: bytes) -> None:
+        with open(path, "wb") as f:
+            for i in range(0, len(data), 256):
+                f.write(data[i : i + 256])
+                f.flush()
+                time.sleep(self.pause)
+
+    def write_raw(self, cert: bytes, key: bytes) -> None:
+        self._write(self.cert_path, cert)
+        self._write(self.key_path, key)
+
+
+class RenameEachLayout(Layout):
+    """Write a temporary file and rename it over the target, per file: each file atomic, the pair not."""
+
+    name = "rename"
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.cert_path = root / "cert.pem"
+        self.key_path = root / "key.pem"
+
+    def write_raw(self, cert: bytes, key: bytes) -> None:
+        for path, data in ((self.cert_path, cert), (self.key_path, key)):
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+
+
+LAYOUTS: dict[str, type[Layout]] = {
+    cls.name: cls for cls in (KubeletLayout, CertbotLayout, InPlaceLayout, RenameEachLayout)
+}
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A server subprocess whose output goes to a file, stopped with SIGTERM (then SIGKILL)."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    port: int
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = 15, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise AssertionError(f"server did not stop within {timeout}s:\n{self.output()}") from None
+        return int(self.proc.returncode)
+
+
+@contextmanager
+def run_server(
+    args: list[str], log_path: Path, port: int, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Iterator[Server]:
+    """Start ``args`` (a list, first item a module run with this Python when it starts with '-m')."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    log_file = open(log_path, "wb")
+    cmd = [sys.executable, *args] if args[0] == "-m" else args
+    proc = subprocess.Popen(
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True
+    )
+    server = Server(proc, log_path, port)
+    try:
+        yield server
+    finally:
+        try:
+            server.stop()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            log_file.close()

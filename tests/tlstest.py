@@ -333,7 +333,7 @@ def run_server(
 ) -> Iterator[Server]:
     """Start ``args`` (a list, first item a module run with this Python when it starts with '-m')."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    log_file = open(log_path, "wb")
+    log_file = open(log_path, "wb")  # noqa: SIM115 - closed in the finally below
     cmd = [sys.executable, *args] if args[0] == "-m" else args
     proc = subprocess.Popen(
         cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True

@@ -54,33 +54,35 @@ Recipe = Callable[[], ssl.SSLContext]
 SNICallback = Callable[[ssl.SSLObject, str, ssl.SSLContext], "int | None"]
 
 
-def _positive_float(value: str | float, name: str) -> float:
+def _number(value: str | float, name: str, unit: str, *, zero_allowed: bool = False) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
-    if not number > 0 or number != number or number == float("inf"):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+        raise ValueError(f"{name} must be a number of {unit}, got {value!r}") from None
+    in_range = number >= 0 if zero_allowed else number > 0
+    if not in_range or number == float("inf"):  # NaN fails both comparisons
+        kind = "a non-negative" if zero_allowed else "a positive"
+        raise ValueError(f"{name} must be {kind} number, got {value!r}")
     return number
 
 
 def resolve_interval(interval: float | None = None) -> float:
     """The check interval: ``interval`` if given, else ``$TLSRELOAD_INTERVAL``, else 1 second."""
     if interval is not None:
-        return _positive_float(interval, "interval")
+        return _number(interval, "interval", "seconds")
     env = os.environ.get(INTERVAL_ENV)
     if env:
-        return _positive_float(env, INTERVAL_ENV)
+        return _number(env, INTERVAL_ENV, "seconds")
     return DEFAULT_INTERVAL
 
 
 def resolve_expiry_warning_days(days: float | None = None) -> float:
     """Days before expiry to warn: ``days`` if given, else ``$TLSRELOAD_EXPIRY_WARNING_DAYS``, else 14."""
     if days is not None:
-        return float(days)
+        return _number(days, "expiry_warning_days", "days", zero_allowed=True)
     env = os.environ.get(EXPIRY_WARNING_ENV)
     if env:
-        return _positive_float(env, EXPIRY_WARNING_ENV)
+        return _number(env, EXPIRY_WARNING_ENV, "days", zero_allowed=True)
     return DEFAULT_EXPIRY_WARNING_DAYS
 
 
@@ -268,7 +270,6 @@ class Reloader:
         self._reloads += 1
         self._last_reload = now
         self._last_expiry_warning = None
-        self._succeeded(now)
         log.info(
             "reloaded TLS certificate from %s: serial %s -> %s; now serving %s",
             self.files.certfile,
@@ -276,6 +277,7 @@ class Reloader:
             leaf.serial,
             leaf.describe(),
         )
+        self._succeeded(now)
         self._call(self._on_reload, old, leaf)
 
     def _succeeded(self, now: float) -> None:

@@ -1,0 +1,214 @@
+"""The ``tlsreload`` command: ``check`` a certificate/key pair, or run the ``demo``.
+
+``tlsreload check`` decides exactly as a running reloader does (:func:`~tlsreload_plugins.identity.read_files`,
+:func:`~tlsreload_plugins.identity.validate`, then a real server context built by OpenSSL), so it can gate a
+certbot deploy hook, a cert-manager workflow or a Kubernetes probe. Exit status:
+
+* 0: the pair is usable and the certificate is valid now (and beyond ``--warn-days``);
+* 1: the pair is not usable (a reloader would refuse it); the reason is on stderr;
+* 2: the command line is wrong;
+* 3: the pair is usable, but the certificate is expired, not yet valid, or expires within ``--warn-days``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from . import __version__, demo
+from .identity import InvalidIdentity, Leaf, TLSFiles, read_files, validate
+from .reloader import build_context
+
+EXIT_OK = 0
+EXIT_UNUSABLE = 1
+EXIT_USAGE = 2
+EXIT_EXPIRY = 3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What ``check`` concluded about a usable pair: the exit status and, when not 0, why."""
+
+    status: int
+    reason: str | None
+
+
+def read_password_file(path: str) -> bytes:
+    """The key password stored in ``path``; one trailing newline (as ``echo`` writes) is not part of it."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InvalidIdentity(f"password file {path} cannot be read: {e.strerror or e}") from None
+    if data.endswith(b"\r\n"):
+        return data[:-2]
+    if data.endswith(b"\n"):
+        return data[:-1]
+    return data
+
+
+def check_files(files: TLSFiles, password: bytes | None = None) -> Leaf:
+    """Validate ``files`` as a reloader would, and build a real server context from them.
+
+    Raises :class:`InvalidIdentity` with the reason when a reloader would refuse the files,
+    including anything only OpenSSL rejects (a key too weak for the default security level, say).
+    """
+    leaf = validate(read_files(files), password)
+
+    def recipe() -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(files.certfile, files.keyfile, password)
+        if files.ca_certs:
+            context.load_verify_locations(files.ca_certs)
+        return context
+
+    build_context(recipe)
+    return leaf
+
+
+def judge_validity(leaf: Leaf, now: datetime, warn_days: float | None) -> Verdict:
+    """Exit status for a usable ``leaf`` at ``now``: expired, not yet valid, or too close to expiry fail."""
+    if now >= leaf.not_after:
+        return Verdict(EXIT_EXPIRY, f"the certificate expired at {leaf.not_after.isoformat()}")
+    if now < leaf.not_before:
+        return Verdict(EXIT_EXPIRY, f"the certificate is not valid before {leaf.not_before.isoformat()}")
+    days_left = (leaf.not_after - now).total_seconds() / 86400
+    if warn_days is not None and days_left < warn_days:
+        return Verdict(
+            EXIT_EXPIRY,
+            f"the certificate expires in {days_left:.1f} days ({leaf.not_after.isoformat()}), "
+            f"within --warn-days {warn_days:g}",
+        )
+    return Verdict(EXIT_OK, None)
+
+
+def describe_leaf(files: TLSFiles, leaf: Leaf, now: datetime) -> str:
+    """The lines ``check`` prints about a usable pair."""
+    days_left = (leaf.not_after - now).total_seconds() / 86400
+    rows = [
+        ("files", files.describe()),
+        ("subject", leaf.subject or "-"),
+        ("serial", leaf.serial),
+        ("sans", ", ".join(leaf.sans) or "-"),
+        ("not_before", leaf.not_before.isoformat()),
+        ("not_after", leaf.not_after.isoformat()),
+        ("days_left", f"{days_left:.1f}"),
+        ("sha256", leaf.sha256),
+    ]
+    return "\n".join(f"{name + ':':<12}{value}" for name, value in rows)
+
+
+def _non_negative_days(value: str) -> float:
+    try:
+        days = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {value!r}") from None
+    if not days >= 0 or days == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of days >= 0, got {value!r}")
+    return days
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value!r}")
+    return number
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tlsreload`` (also used by tests to validate example commands)."""
+    parser = argparse.ArgumentParser(
+        prog="tlsreload", description="Live TLS certificate reload for gunicorn and uvicorn: tools."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = commands.add_parser(
+        "check",
+        help="validate a certificate/key pair exactly as the reloader would",
+        description="Validate a certificate/key pair exactly as the reloader would, and describe the certificate. "
+        "Exit 0: usable and valid now; 1: unusable (reason on stderr); 2: bad command line; "
+        "3: usable but expired, not yet valid, or expiring within --warn-days.",
+    )
+    check.add_argument("--cert", required=True, metavar="PATH", help="certificate chain (PEM), leaf first")
+    check.add_argument("--key", metavar="PATH", help="private key (PEM); omit when it is in the --cert file")
+    check.add_argument("--ca", metavar="PATH", help="client CA bundle (PEM) the server verifies clients against")
+    check.add_argument(
+        "--password-file", metavar="PATH", help="file holding the key's password (one trailing newline is ignored)"
+    )
+    check.add_argument(
+        "--warn-days",
+        type=_non_negative_days,
+        metavar="DAYS",
+        help="also exit 3 when the certificate expires within DAYS days (default: only when already expired)",
+    )
+
+    demo = commands.add_parser(
+        "demo",
+        help="start a real server with reload on and rotate its certificate a few times",
+        description="Mint a throwaway CA, start a real TLS server with reload on, rotate its certificate the way "
+        "kubelet does, and show what a new client connection gets after each rotation. Cleans up after itself.",
+    )
+    demo.add_argument("--server", choices=("uvicorn", "gunicorn"), default="uvicorn", help="default: uvicorn")
+    demo.add_argument("--rotations", type=_positive_int, default=3, metavar="N", help="default: 3")
+    demo.add_argument(
+        "--interval", type=_positive_seconds, default=0.5, metavar="SECONDS", help="check interval (default: 0.5)"
+    )
+    demo.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up when the server does not start or serve a rotation within this time (default: 60)",
+    )
+    return parser
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """``tlsreload check``: print the certificate's details; return the exit status."""
+    files = TLSFiles(args.cert, args.key or None, args.ca or None)
+    try:
+        password = read_password_file(args.password_file) if args.password_file else None
+        leaf = check_files(files, password)
+    except InvalidIdentity as e:
+        print(f"tlsreload check: NOT USABLE: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    now = datetime.now(timezone.utc)
+    print(describe_leaf(files, leaf, now))
+    verdict = judge_validity(leaf, now, args.warn_days)
+    if verdict.reason is not None:
+        print(f"tlsreload check: usable by the reloader, but {verdict.reason}", file=sys.stderr)
+    return verdict.status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tlsreload`` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "check":
+        try:
+            return run_check(args)
+        except Exception as e:  # a bad input we did not foresee must still not end in a traceback
+            print(f"tlsreload check: NOT USABLE: unexpected error: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_UNUSABLE
+    return demo.run(server=args.server, rotations=args.rotations, interval=args.interval, timeout=args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""ASGI apps for the uvicorn tests. Each answers ``pid=<serving pid>`` so a test knows which worker served it.
+
+Run as a script, it serves one of them through ``uvicorn.run(..., ssl_context_factory=reloading_ssl_context)``
+(the programmatic way without the drop-in)::
+
+    python tests/uvicorn_apps.py APP_NAME PORT CERTFILE KEYFILE [--lifespan-grace SECONDS]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from tlsreload_plugins.uvicorn import TLSReloadLifespan
+
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+
+log = logging.getLogger("uvicorn.error")
+
+
+def _checking() -> bool:
+    """Whether tlsreload's ticker task runs on this loop."""
+    return any(task.get_name() == "tlsreload" and not task.done() for task in asyncio.all_tasks())
+
+
+async def _respond(send: Send) -> None:
+    body = f"pid={os.getpid()}".encode()
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def plain(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    """A bare ASGI app that speaks the lifespan protocol."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await _respond(send)
+
+
+async def no_lifespan(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    """A bare ASGI app that refuses the lifespan protocol, as Django's ASGIHandler does."""
+    if scope["type"] != "http":
+        raise ValueError(f"this app can only handle HTTP connections, not {scope['type']}")
+    await _respond(send)
+
+
+@contextlib.asynccontextmanager
+async def _own_lifespan(app: Any) -> AsyncIterator[None]:
+    name = type(app).__name__
+    log.info("%s app: own startup (tlsreload checking: %s)", name, _checking())
+    yield
+    log.info("%s app: own shutdown (tlsreload checking: %s)", name, _checking())
+
+
+async def _home(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(f"pid={os.getpid()}")
+
+
+starlette_app = Starlette(routes=[Route("/", _home)], lifespan=_own_lifespan)
+"""A Starlette app with its own lifespan, the extension added as middleware."""
+starlette_app.add_middleware(TLSReloadLifespan)
+
+_fastapi = FastAPI(lifespan=_own_lifespan)
+_fastapi.add_api_route("/", _home)
+fastapi_app = TLSReloadLifespan(_fastapi)
+"""A FastAPI app with its own lifespan, wrapped by the extension."""
+
+unwrapped_app = Starlette(routes=[Route("/", _home)], lifespan=_own_lifespan)
+"""A Starlette app with its own lifespan and no extension."""
+
+
+if __name__ == "__main__":
+    import argparse
+
+    import uvicorn
+
+    import tlsreload_plugins.uvicorn
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("app")
+    parser.add_argument("port", type=int)
+    parser.add_argument("certfile")
+    parser.add_argument("keyfile")
+    parser.add_argument("--lifespan-grace", type=float)
+    parser.add_argument("--log-level", default="info")
+    options = parser.parse_args()
+    if options.lifespan_grace is not None:
+        tlsreload_plugins.uvicorn.LIFESPAN_GRACE = options.lifespan_grace
+    uvicorn.run(
+        globals()[options.app],
+        host="127.0.0.1",
+        port=options.port,
+        ssl_certfile=options.certfile,
+        ssl_keyfile=options.keyfile,
+        ssl_context_factory=tlsreload_plugins.uvicorn.reloading_ssl_context,
+        log_level=options.log_level,
+    )

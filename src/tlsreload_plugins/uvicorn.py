@@ -36,6 +36,7 @@ import click
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from . import metrics
 from .drivers import AsyncioDriver
 from .identity import InvalidIdentity, TLSFiles, read_files, validate
 from .reloader import INTERVAL_ENV, Reloader, resolve_expiry_warning_days, resolve_interval
@@ -132,7 +133,7 @@ def reloading_ssl_context(
         log.error("tlsreload needs ssl_certfile (and usually ssl_keyfile) set on the uvicorn Config")
         sys.exit(STARTUP_FAILURE)
     try:
-        # The one place this module makes a Reloader: add callbacks (metrics) here.
+        # The one place this module makes a Reloader.
         reloader = Reloader(
             str(config.ssl_certfile),
             str(config.ssl_keyfile) if config.ssl_keyfile else None,
@@ -144,6 +145,7 @@ def reloading_ssl_context(
     except (InvalidIdentity, ValueError) as e:  # ValueError: a bad $TLSRELOAD_INTERVAL or expiry setting
         log.error("cannot serve TLS: %s", e)
         sys.exit(STARTUP_FAILURE)
+    metrics.observe(reloader)
     _drivers[reloader] = None
     _arrange_checks(config, reloader)
     return reloader.context

@@ -1,4 +1,5 @@
-"""Tiny apps for the gunicorn tests: each answers ``pid=<worker pid>`` so a test knows which worker served it."""
+"""Tiny apps for the gunicorn and uvicorn tests: each answers ``pid=<worker pid>`` so a test knows which
+worker served it."""
 
 from __future__ import annotations
 
@@ -26,12 +27,11 @@ async def asgi(scope: dict[str, Any], receive: Receive, send: Send) -> None:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    await respond_pid(send)
+
+
+async def respond_pid(send: Send) -> None:
     body = f"pid={os.getpid()}".encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -20,6 +20,7 @@ from typing import Any
 
 import trustme
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 HOST = "127.0.0.1"
 
@@ -48,6 +49,17 @@ def issue(ca: trustme.CA, *names: str, key_type: trustme.KeyType | None = None, 
     chain = b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
     cert = x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes())
     return Pair(chain=chain, key=leaf.private_key_pem.bytes(), serial=format(cert.serial_number, "X"))
+
+
+PASSWORD = "correct horse"
+
+
+def with_password(pair: Pair, password: str, traditional: bool = False) -> Pair:
+    """``pair`` with its key encrypted as openssl writes it: PKCS#8, or the older 'Proc-Type: 4,ENCRYPTED'."""
+    key = serialization.load_pem_private_key(pair.key, None)
+    fmt = serialization.PrivateFormat.TraditionalOpenSSL if traditional else serialization.PrivateFormat.PKCS8
+    encryption = serialization.BestAvailableEncryption(password.encode())
+    return Pair(pair.chain, key.private_bytes(serialization.Encoding.PEM, fmt, encryption), pair.serial)
 
 
 def serial_of(der: bytes) -> str:
@@ -293,6 +305,25 @@ class RenameEachLayout(Layout):
 LAYOUTS: dict[str, type[Layout]] = {
     cls.name: cls for cls in (KubeletLayout, CertbotLayout, InPlaceLayout, RenameEachLayout)
 }
+
+
+# Root reads through chmod 000 (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH). An "unreadable file" test run as root
+# therefore starts the server without those two capabilities: still uid 0, so still able to reach the
+# interpreter (pyenv under /root, 0700, which uid 65534 cannot enter), but now bound by file modes. The boot
+# drops them from the bounding set and re-executes, which clears them from the new process.
+OBEY_MODES_BOOT = (
+    "import ctypes, os, sys\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH\n"
+    "    if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP\n"
+    "        raise OSError(ctypes.get_errno(), 'prctl(PR_CAPBSET_DROP)')\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+)
+
+
+def obey_file_modes() -> list[str]:
+    """The command that starts this Python bound by file modes, even as root."""
+    return [sys.executable, "-c", OBEY_MODES_BOOT] if os.geteuid() == 0 else [sys.executable]
 
 
 # --- processes --------------------------------------------------------------------------------

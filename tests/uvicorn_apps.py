@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from gunicorn_apps import asgi, respond_pid
 from tlsreload_plugins.uvicorn import TLSReloadLifespan
 
 Receive = Callable[[], Awaitable[Any]]
@@ -34,31 +35,15 @@ def _checking() -> bool:
     return any(task.get_name() == "tlsreload" and not task.done() for task in asyncio.all_tasks())
 
 
-async def _respond(send: Send) -> None:
-    body = f"pid={os.getpid()}".encode()
-    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def plain(scope: dict[str, Any], receive: Receive, send: Send) -> None:
-    """A bare ASGI app that speaks the lifespan protocol."""
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    await _respond(send)
+plain = asgi
+"""A bare ASGI app that speaks the lifespan protocol."""
 
 
 async def no_lifespan(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     """A bare ASGI app that refuses the lifespan protocol, as Django's ASGIHandler does."""
     if scope["type"] != "http":
         raise ValueError(f"this app can only handle HTTP connections, not {scope['type']}")
-    await _respond(send)
+    await respond_pid(send)
 
 
 @contextlib.asynccontextmanager

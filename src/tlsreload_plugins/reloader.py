@@ -168,6 +168,9 @@ class Reloader:
         self._on_check: list[Callable[[Outcome, Status], object]] = []
         self.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
         self._lock = threading.Lock()
+        # on_reload/on_failure calls decided under the lock, made after it is released: a callback
+        # may read status() (metrics do) without deadlocking the check.
+        self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
 
         snapshot = read_files(self.files)
         leaf = validate(snapshot, password)
@@ -234,6 +237,9 @@ class Reloader:
         with self._lock:
             outcome = self._check(settle)
             status = self._status()
+            notices, self._notices = self._notices, []
+        for callbacks, args in notices:
+            self._call(callbacks, *args)
         self._call(self._on_check, outcome, status)
         return outcome
 
@@ -278,7 +284,7 @@ class Reloader:
             leaf.describe(),
         )
         self._succeeded(now)
-        self._call(self._on_reload, old, leaf)
+        self._notices.append((self._on_reload, (old, leaf)))
 
     def _succeeded(self, now: float) -> None:
         self._last_success = now
@@ -306,7 +312,7 @@ class Reloader:
             self._leaf.not_after.isoformat(),
             error,
         )
-        self._call(self._on_failure, error)
+        self._notices.append((self._on_failure, (error,)))
         return Outcome.FAILED
 
     def _warn_expiry(self, now: float) -> None:

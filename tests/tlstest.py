@@ -44,8 +44,9 @@ class Pair:
 
 def issue(ca: trustme.CA, *names: str, key_type: trustme.KeyType | None = None, **kwargs: Any) -> Pair:
     """Mint a leaf for ``names`` (default localhost and 127.0.0.1) signed by ``ca``."""
-    extra = {"key_type": key_type} if key_type is not None else {}
-    leaf = ca.issue_cert(*(names or ("localhost", HOST)), **extra, **kwargs)
+    if key_type is not None:
+        kwargs["key_type"] = key_type
+    leaf = ca.issue_cert(*(names or ("localhost", HOST)), **kwargs)
     chain = b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
     cert = x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes())
     return Pair(chain=chain, key=leaf.private_key_pem.bytes(), serial=format(cert.serial_number, "X"))

@@ -503,3 +503,21 @@ def parse_args(parser: Any, argv: Sequence[str] | None, quick: dict[str, Any]) -
     if known.quick:
         parser.set_defaults(**quick)
     return parser.parse_args(argv)
+
+
+def run_script(
+    parser: Any,
+    argv: Sequence[str] | None,
+    quick: dict[str, Any],
+    run: Callable[[Any], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+) -> int:
+    """What every script's ``main`` does: parse (with ``--json`` and ``--quick``), run, print the
+    tables, save the raw results."""
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parse_args(parser, argv, quick=quick)
+    sigterm_raises()
+    result = run(args)
+    print(report(result) + "\n\n" + targets_table(result["targets"]))
+    write_json(args.json, result)
+    return 0

@@ -163,13 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checks", type=int, default=2000, help="unchanged checks per repeat")
     parser.add_argument("--reloads", type=int, default=300, help="at most this many reloads per key type")
     parser.add_argument("--reload-seconds", type=float, default=20.0, help="at most this long reloading per key type")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = kit.parse_args(parser, argv, quick={"repeats": 3, "checks": 300, "reloads": 30, "reload_seconds": 5.0})
-    kit.sigterm_raises()
-    result = run(args)
-    print(report(result) + "\n\n" + kit.targets_table(result["targets"]))
-    kit.write_json(args.json, result)
-    return 0
+    quick = {"repeats": 3, "checks": 300, "reloads": 30, "reload_seconds": 5.0}
+    return kit.run_script(parser, argv, quick, run, report)
 
 
 if __name__ == "__main__":

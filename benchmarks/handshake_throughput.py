@@ -246,13 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="per side per round (s_time rounds to whole s)")
     parser.add_argument("--clients", type=int, default=2, help="python client processes")
     parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
-    parser.add_argument("--json", help="also write the results to this file")
-    args = kit.parse_args(parser, argv, quick={"rounds": 2, "seconds": 1.0})
-    kit.sigterm_raises()
-    result = run(args)
-    print(report(result) + "\n\n" + kit.targets_table(result["targets"]))
-    kit.write_json(args.json, result)
-    return 0
+    return kit.run_script(parser, argv, {"rounds": 2, "seconds": 1.0}, run, report)
 
 
 if __name__ == "__main__":

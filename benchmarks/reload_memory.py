@@ -147,13 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--max-seconds", type=float, default=240.0, help="stop reloading after this long")
     parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
-    parser.add_argument("--json", help="also write the results to this file")
-    args = kit.parse_args(parser, argv, quick={"reloads": 1000, "warmup": 100})
-    kit.sigterm_raises()
-    result = run(args)
-    print(report(result) + "\n\n" + kit.targets_table(result["targets"]))
-    kit.write_json(args.json, result)
-    return 0
+    return kit.run_script(parser, argv, {"reloads": 1000, "warmup": 100}, run, report)
 
 
 if __name__ == "__main__":

@@ -197,13 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4, help="client threads")
     parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
     parser.add_argument("--stock", action="store_true", help="also run stock gunicorn sync/gthread for contrast")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = kit.parse_args(parser, argv, quick={"rotations": 10})
-    kit.sigterm_raises()
-    result = run(args)
-    print(report(result) + "\n\n" + kit.targets_table(result["targets"]))
-    kit.write_json(args.json, result)
-    return 0
+    return kit.run_script(parser, argv, {"rotations": 10}, run, report)
 
 
 if __name__ == "__main__":

@@ -208,13 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="TLSRELOAD_INTERVAL for the servers")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pollers", type=int, default=4, help="client threads probing")
-    parser.add_argument("--json", help="also write the results to this file")
-    args = kit.parse_args(parser, argv, quick={"rotations": 5})
-    kit.sigterm_raises()
-    result = run(args)
-    print(report(result) + "\n\n" + kit.targets_table(result["targets"]))
-    kit.write_json(args.json, result)
-    return 0
+    return kit.run_script(parser, argv, {"rotations": 5}, run, report)
 
 
 if __name__ == "__main__":

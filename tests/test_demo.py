@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,6 +24,12 @@ def demo(tmp: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [str(TLSRELOAD), "demo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
+
+
+def kill_processes_mentioning(text: str) -> None:
+    for line in processes_mentioning(text):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -82,6 +89,7 @@ def test_ctrl_c_stops_the_server_and_removes_everything(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+            kill_processes_mentioning(str(tmp_path / "tmp"))  # the demo failed to stop its server: do not leak it
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert_cleaned_up(tmp_path / "tmp")

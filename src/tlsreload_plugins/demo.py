@@ -342,8 +342,11 @@ def run(*, server: str = "uvicorn", rotations: int = 3, interval: float = 0.5, t
         print(f"tlsreload demo: cannot run: {problem}", file=sys.stderr)
         return 1
     in_main_thread = threading.current_thread() is threading.main_thread()
-    # SIGTERM (e.g. from a CI runner) must clean up like Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None
+    # Ctrl-C and SIGTERM (e.g. from a CI runner) must both clean up. SIGINT is set explicitly: a process
+    # started in the background by a non-interactive shell inherits SIGINT ignored.
+    previous = (
+        {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main_thread else {}
+    )
     workdir = Path(tempfile.mkdtemp(prefix="tlsreload-demo-"))
     log_path = workdir / "server.log"
     try:
@@ -359,8 +362,8 @@ def run(*, server: str = "uvicorn", rotations: int = 3, interval: float = 0.5, t
         status = 130
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     gone = "removed" if not workdir.exists() else "COULD NOT be removed"
     if status == 130:
         print(f"tlsreload demo: interrupted; {server} stopped, {workdir} {gone}", file=sys.stderr)

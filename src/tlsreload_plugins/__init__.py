@@ -21,6 +21,7 @@ from .reloader import (
     Reloader,
     Status,
     build_context,
+    load_identity,
     resolve_expiry_warning_days,
     resolve_interval,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "TLSFiles",
     "ThreadDriver",
     "build_context",
+    "load_identity",
     "fingerprint",
     "read_files",
     "resolve_expiry_warning_days",

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from . import __version__, demo
-from .identity import InvalidIdentity, Leaf, TLSFiles, read_files, validate
-from .reloader import build_context
+from .identity import InvalidIdentity, Leaf, TLSFiles
+from .reloader import load_identity
 
 EXIT_OK = 0
 EXIT_UNUSABLE = 1
@@ -57,7 +57,6 @@ def check_files(files: TLSFiles, password: bytes | None = None) -> Leaf:
     Raises :class:`InvalidIdentity` with the reason when a reloader would refuse the files,
     including anything only OpenSSL rejects (a key too weak for the default security level, say).
     """
-    leaf = validate(read_files(files), password)
 
     def recipe() -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -66,7 +65,7 @@ def check_files(files: TLSFiles, password: bytes | None = None) -> Leaf:
             context.load_verify_locations(files.ca_certs)
         return context
 
-    build_context(recipe)
+    _, leaf, _ = load_identity(files, recipe, password)
     return leaf
 
 

@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 from . import metrics
 from .drivers import ThreadDriver
-from .identity import InvalidIdentity, TLSFiles, read_files, validate
-from .reloader import Recipe, Reloader, build_context, resolve_expiry_warning_days, resolve_interval
+from .identity import InvalidIdentity, TLSFiles
+from .reloader import Recipe, Reloader, load_identity, resolve_expiry_warning_days, resolve_interval
 
 log = logging.getLogger("tlsreload_plugins.gunicorn")
 
@@ -273,7 +273,7 @@ def check_at_start(arbiter: Any, interval: float | None = None) -> None:
     try:
         resolve_interval(interval)
         resolve_expiry_warning_days()
-        _retry_at_start(lambda: (validate(read_files(files)), build_context(_gunicorn_recipe(cfg))))
+        _retry_at_start(lambda: load_identity(files, _gunicorn_recipe(cfg)))
     except (InvalidIdentity, ValueError) as e:
         log.error("cannot serve TLS: %s", e)
         arbiter.halt(reason="the TLS certificate files or settings are not usable", exit_status=1)

@@ -29,6 +29,7 @@ from .identity import (
     InvalidIdentity,
     Leaf,
     Password,
+    Snapshot,
     TLSFiles,
     fingerprint,
     read_files,
@@ -129,6 +130,15 @@ def build_context(recipe: Recipe) -> ssl.SSLContext:
     return context
 
 
+def load_identity(files: TLSFiles, recipe: Recipe, password: Password = None) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
+    """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
+    before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
+    decide exactly as the reloader does. Raises :class:`InvalidIdentity` with the reason."""
+    snapshot = read_files(files)
+    leaf = validate(snapshot, password)
+    return snapshot, leaf, build_context(recipe)
+
+
 class Reloader:
     """Keeps one server :class:`ssl.SSLContext` serving whatever valid identity is on disk.
 
@@ -172,9 +182,7 @@ class Reloader:
         # may read status() (metrics do) without deadlocking the check.
         self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
 
-        snapshot = read_files(self.files)
-        leaf = validate(snapshot, password)
-        live = build_context(recipe)
+        snapshot, leaf, live = load_identity(self.files, recipe, password)
         self.context: ssl.SSLContext = live
         """The context to hand to the server, once, for its whole life."""
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple

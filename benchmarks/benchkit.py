@@ -34,6 +34,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from tlsreload_plugins.identity import serial_hex
+
 HOST = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent
 SERVERS = ("gunicorn-sync", "gunicorn-gthread", "gunicorn-gevent", "gunicorn-asgi", "uvicorn")
@@ -122,7 +124,7 @@ class CA:
 
 
 def serial_of(der: bytes) -> str:
-    return format(x509.load_der_x509_certificate(der).serial_number, "X")
+    return serial_hex(x509.load_der_x509_certificate(der).serial_number)
 
 
 # --- the kubelet atomic swap --------------------------------------------------------------------

@@ -136,8 +136,8 @@ BAD: dict[str, Bad] = {
     "missing key": Bad(lambda d: _unlink(d.key), "does not exist", "key"),
     "missing client CA": Bad(lambda d: _unlink(d.client_ca), "does not exist", "client_ca"),
     "garbage client CA": Bad(lambda d: d.client_ca.write_bytes(b"junk\n"), "holds no PEM certificate", "client_ca"),
-    "directory instead of certificate": Bad(lambda d: _make_dir(d.cert), "is a directory, not a file", "cert"),
-    "directory instead of key": Bad(lambda d: _make_dir(d.key), "is a directory, not a file", "key"),
+    "directory instead of certificate": Bad(lambda d: _make_dir(d.cert), "is a directory, not a regular file", "cert"),
+    "directory instead of key": Bad(lambda d: _make_dir(d.key), "is a directory, not a regular file", "key"),
 }
 
 

@@ -22,6 +22,8 @@ import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from tlsreload_plugins.identity import serial_hex
+
 HOST = "127.0.0.1"
 
 
@@ -49,7 +51,7 @@ def issue(ca: trustme.CA, *names: str, key_type: trustme.KeyType | None = None, 
     leaf = ca.issue_cert(*(names or ("localhost", HOST)), **kwargs)
     chain = b"".join(blob.bytes() for blob in leaf.cert_chain_pems)
     cert = x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes())
-    return Pair(chain=chain, key=leaf.private_key_pem.bytes(), serial=format(cert.serial_number, "X"))
+    return Pair(chain=chain, key=leaf.private_key_pem.bytes(), serial=serial_hex(cert.serial_number))
 
 
 PASSWORD = "correct horse"
@@ -64,7 +66,7 @@ def with_password(pair: Pair, password: str, traditional: bool = False) -> Pair:
 
 
 def serial_of(der: bytes) -> str:
-    return format(x509.load_der_x509_certificate(der).serial_number, "X")
+    return serial_hex(x509.load_der_x509_certificate(der).serial_number)
 
 
 # --- real TLS clients -----------------------------------------------------------------------

@@ -36,6 +36,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .identity import serial_hex
+
 HOST = "127.0.0.1"
 APP = {"gunicorn": "tlsreload_plugins._demo_app:wsgi", "uvicorn": "tlsreload_plugins._demo_app:asgi"}
 ADAPTER = {"gunicorn": "tlsreload_plugins.gunicorn_conf", "uvicorn": "tlsreload_plugins.uvicorn"}
@@ -140,7 +142,7 @@ def mint_leaf(ca: Authority, days: float = 90.0) -> Pair:
     return Pair(
         chain=cert.public_bytes(serialization.Encoding.PEM) + ca.pem,
         key=key_pem,
-        serial=format(cert.serial_number, "X"),
+        serial=serial_hex(cert.serial_number),
     )
 
 
@@ -276,7 +278,7 @@ def fetch(port: int, context: ssl.SSLContext, timeout: float = 10.0) -> Response
         conn.request("GET", "/", headers={"Connection": "close"})
         answer = conn.getresponse()
         body = answer.read().decode(errors="replace").strip()
-        return Response(format(x509.load_der_x509_certificate(der).serial_number, "X"), answer.status, body)
+        return Response(serial_hex(x509.load_der_x509_certificate(der).serial_number), answer.status, body)
     finally:
         conn.close()
 

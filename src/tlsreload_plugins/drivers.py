@@ -1,29 +1,51 @@
 """Thin drivers that call :meth:`Reloader.check` on an interval: one thread, or one asyncio task.
 
-All the deciding happens in :class:`~tlsreload_plugins.reloader.Reloader`; these only wait.
+All the deciding happens in :class:`~tlsreload_plugins.reloader.Reloader`; these only wait. The
+check itself (file I/O, parsing, building a context) never runs on an event loop's thread or on
+gevent's hub: the asyncio driver hands it to the loop's executor, and under gevent the thread
+driver hands it to the hub's pool of native threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
+import sys
 import threading
 from types import TracebackType
+from typing import Any
 
-from .reloader import Outcome, Reloader
+from .reloader import Examined, Offload, Outcome, Reloader
 
 log = logging.getLogger("tlsreload_plugins.drivers")
 
 
-def _tick(reloader: Reloader, already_logged: list[bool]) -> None:
-    # A bug must not end the ticker silently: that would freeze the certificate forever.
+def _tick(reloader: Reloader, logged: set[str], offload: Offload[Examined] | None = None) -> None:
+    # check() reports every problem itself; this is the last guard, so that a bug can never end the
+    # ticker silently (that would freeze the certificate forever). Each distinct error is logged once.
     try:
-        reloader.check()
-    except Exception:
-        if not already_logged[0]:
-            already_logged[0] = True
+        reloader.check(offload=offload)
+    except Exception as e:
+        if repr(e) not in logged:
+            logged.add(repr(e))
             log.exception("unexpected error while checking %s; will keep checking", reloader.files.describe())
+
+
+def gevent_offload() -> Offload[Examined] | None:
+    """gevent's pool of native threads when gevent has monkey-patched threading, else ``None``.
+
+    Under monkey-patching a "thread" is a greenlet on the hub: a blocking read or a parse there
+    stalls every connection of the worker.
+    """
+    monkey: Any = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return None
+    gevent: Any = importlib.import_module("gevent")  # imported only where it already runs
+    pool: Any = gevent.get_hub().threadpool
+    apply: Offload[Examined] = pool.apply
+    return apply
 
 
 class ThreadDriver:
@@ -38,7 +60,7 @@ class ThreadDriver:
         self.reloader = reloader
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._error_logged = [False]
+        self._errors_logged: set[str] = set()
 
     def start(self) -> ThreadDriver:
         """Start checking; returns ``self``. Starting twice is an error."""
@@ -50,12 +72,13 @@ class ThreadDriver:
         return self
 
     def _run(self) -> None:
+        offload = gevent_offload()
         while not self._stop.wait(self.reloader.interval):
-            _tick(self.reloader, self._error_logged)
+            _tick(self.reloader, self._errors_logged, offload)
 
     def reload_now(self) -> Outcome:
-        """Check at once, in the calling thread, reporting any problem immediately."""
-        return self.reloader.check(settle=False)
+        """Check at once, reporting any problem immediately (blocking: the calling thread waits)."""
+        return self.reloader.check(settle=False, offload=gevent_offload())
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop checking and wait up to ``timeout`` seconds for the thread to end."""
@@ -66,6 +89,7 @@ class ThreadDriver:
 
     @property
     def running(self) -> bool:
+        """Whether the checking thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
     def __enter__(self) -> ThreadDriver:
@@ -80,14 +104,15 @@ class ThreadDriver:
 class AsyncioDriver:
     """Checks ``reloader`` every ``reloader.interval`` seconds in a task on the running loop.
 
-    The check, and so the swap, runs in the loop's own thread. Use ``await start()`` /
-    ``await stop()`` or ``async with AsyncioDriver(reloader):``.
+    Each check runs in the loop's default executor (a thread): reading the files, parsing and
+    building a context never stall the loop. Use ``await start()`` / ``await stop()`` or
+    ``async with AsyncioDriver(reloader):``.
     """
 
     def __init__(self, reloader: Reloader) -> None:
         self.reloader = reloader
         self._task: asyncio.Task[None] | None = None
-        self._error_logged = [False]
+        self._errors_logged: set[str] = set()
 
     async def start(self) -> AsyncioDriver:
         """Start checking on the running loop; returns ``self``."""
@@ -98,12 +123,14 @@ class AsyncioDriver:
         return self
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.reloader.interval)
-            _tick(self.reloader, self._error_logged)
+            await loop.run_in_executor(None, _tick, self.reloader, self._errors_logged)
 
     def reload_now(self) -> Outcome:
-        """Check at once, reporting any problem immediately."""
+        """Check at once, reporting any problem immediately. Blocking: from a coroutine, prefer
+        ``await loop.run_in_executor(None, driver.reload_now)``."""
         return self.reloader.check(settle=False)
 
     async def stop(self) -> None:
@@ -117,6 +144,7 @@ class AsyncioDriver:
 
     @property
     def running(self) -> bool:
+        """Whether the checking task is alive."""
         return self._task is not None and not self._task.done()
 
     async def __aenter__(self) -> AsyncioDriver:

@@ -6,10 +6,13 @@ decision "is what is on disk now usable?" can be tested without a socket.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import os
 import re
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,15 +23,42 @@ from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 Password = str | bytes | Callable[[], str | bytes] | None
 """A key password as :meth:`ssl.SSLContext.load_cert_chain` accepts it."""
 
-_KEY_BLOCK = re.compile(rb"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----.*?-----END \1PRIVATE KEY-----", re.DOTALL)
+MAX_FILE_BYTES = 1024 * 1024
+"""The largest file read (1 MiB). A certificate chain is a few KiB, a client-CA bundle holding every
+public root about 220 KiB; anything larger is refused unread, so a 1 GB file or ``/dev/zero`` at a
+configured path costs nothing."""
+
+MAX_CERT_LIST_BYTES = 100 * 1024
+"""The largest certificate list a client accepts: OpenSSL's default ``max_cert_list``
+(``SSL_MAX_CERT_LIST_DEFAULT``). A longer chain loads, then fails every handshake with
+``EXCESSIVE_MESSAGE_SIZE``, so it is refused."""
+
+_KEY_BEGIN = re.compile(rb"-----BEGIN ((?:[A-Z0-9]+ ){0,3})PRIVATE KEY-----")
 _CERT_BEGIN = b"-----BEGIN CERTIFICATE-----"
+_CERT_END = b"-----END CERTIFICATE-----"
 
 
-class InvalidIdentity(Exception):
+class ReloadError(Exception):
+    """Why a check could not serve what is on disk. ``str(error)`` says it in words an operator can act on."""
+
+
+class InvalidIdentity(ReloadError):
     """The files on disk do not make a usable TLS identity.
 
     ``str(error)`` names the file and says what is wrong with it, in words an operator can act on.
+
+    Attributes:
+        path: the file at fault, when one is (``None`` when the problem is the pair or the context).
     """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class NotServable(ReloadError):
+    """The files are usable but the server cannot be moved onto them (the swap hook was replaced, a
+    recipe handed back a context already in use): a bug or a conflict in the server's set-up."""
 
 
 @dataclass(frozen=True)
@@ -80,20 +110,77 @@ class Leaf:
         return f"serial={self.serial} subject={self.subject or '-'} sans={sans} not_after={self.not_after.isoformat()}"
 
 
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _refuse_unless_regular(mode: int, path: str, role: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise InvalidIdentity(f"{role} file {path} is {kind}, not a regular file; refusing to read it", path=path)
+
+
 def _read(path: str, role: str) -> bytes:
     # Opening the path on every check follows whatever symlinks point at now:
     # kubelet's ..data swap and certbot's relinking are seen without watching anything.
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; the
+    # stat of the opened descriptor then refuses it, devices and sockets before any read.
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        raise InvalidIdentity(f"{role} file {path} does not exist") from None
-    except IsADirectoryError:
-        raise InvalidIdentity(f"{role} file {path} is a directory, not a file") from None
+        raise InvalidIdentity(f"{role} file {path} does not exist", path=path) from None
     except PermissionError:
-        raise InvalidIdentity(f"{role} file {path} cannot be read: permission denied") from None
+        raise InvalidIdentity(f"{role} file {path} cannot be read: permission denied", path=path) from None
     except OSError as e:
-        raise InvalidIdentity(f"{role} file {path} cannot be read: {e.strerror or e}") from None
+        with contextlib.suppress(OSError):
+            _refuse_unless_regular(os.stat(path).st_mode, path, role)  # a socket: ENXIO
+        raise InvalidIdentity(f"{role} file {path} cannot be read: {e.strerror or e}", path=path) from None
+    try:
+        info = os.fstat(fd)
+        _refuse_unless_regular(info.st_mode, path, role)
+        if info.st_size > MAX_FILE_BYTES:
+            raise InvalidIdentity(
+                f"{role} file {path} is {info.st_size} bytes, more than the {MAX_FILE_BYTES} a TLS file may be",
+                path=path,
+            )
+        chunks = []
+        size = 0
+        while size <= MAX_FILE_BYTES:  # the file may grow while it is read
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_FILE_BYTES:
+            raise InvalidIdentity(
+                f"{role} file {path} grew past the {MAX_FILE_BYTES} bytes a TLS file may be while being read", path=path
+            )
+        return b"".join(chunks)
+    except OSError as e:
+        raise InvalidIdentity(f"{role} file {path} cannot be read: {e.strerror or e}", path=path) from None
+    finally:
+        os.close(fd)
+
+
+def password_file(path: str) -> Callable[[], bytes]:
+    """A key password kept in a file: the callable reads the file's first line each time it is called
+    (so a password changed with the key is picked up on the next reload), without the line ending.
+
+    Raises (when called):
+        InvalidIdentity: the file cannot be read or is not a regular file.
+    """
+
+    def read_password() -> bytes:
+        first_line = _read(path, "key password").split(b"\n", 1)[0]
+        return first_line.removesuffix(b"\r")
+
+    return read_password
 
 
 def read_files(files: TLSFiles) -> Snapshot:
@@ -122,28 +209,68 @@ def fingerprint(snapshot: Snapshot) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def _unexpected(path: str, what: str) -> Iterator[None]:
+    """Turn anything a parser raises that was not foreseen into a reason naming the file.
+
+    cryptography parses some parts lazily (a malformed extension raises ``ValueError`` only when
+    touched) and raises ``UnsupportedAlgorithm``, ``MemoryError`` and friends for odd input.
+    """
+    try:
+        yield
+    except InvalidIdentity:
+        raise
+    except Exception as e:
+        raise InvalidIdentity(f"{what} in {path} cannot be used: {type(e).__name__}: {e}", path=path) from e
+
+
 def _load_certificates(data: bytes, path: str, role: str) -> list[x509.Certificate]:
     if not data.strip():
-        raise InvalidIdentity(f"{role} file {path} is empty")
+        raise InvalidIdentity(f"{role} file {path} is empty", path=path)
     begins = data.count(_CERT_BEGIN)
     if begins == 0:
-        if _KEY_BLOCK.search(data) or b"PRIVATE KEY-----" in data:
+        if b"PRIVATE KEY-----" in data:
             raise InvalidIdentity(
                 f"{role} file {path} holds a private key, not a certificate "
-                "(are the certificate and key paths swapped?)"
+                "(are the certificate and key paths swapped?)",
+                path=path,
             )
-        raise InvalidIdentity(f"{role} file {path} holds no PEM certificate")
+        raise InvalidIdentity(f"{role} file {path} holds no PEM certificate", path=path)
+    ends = data.count(_CERT_END)
+    if ends < begins:
+        # Checked before parsing: the PEM reader then never searches for an end that is not there.
+        raise InvalidIdentity(f"{role} file {path} is truncated: {begins} certificates begin but {ends} are complete", path=path)
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
         raise InvalidIdentity(
-            f"{role} file {path} holds a certificate that cannot be parsed (truncated or corrupt)"
+            f"{role} file {path} holds a certificate that cannot be parsed (truncated or corrupt)", path=path
         ) from None
     if len(certs) != begins:
         raise InvalidIdentity(
-            f"{role} file {path} is truncated: {begins} certificates begin but {len(certs)} are complete"
+            f"{role} file {path} is truncated: {begins} certificates begin but {len(certs)} are complete", path=path
         )
     return certs
+
+
+def _key_block(data: bytes) -> bytes | None:
+    """The first complete PEM private-key block, found in time linear in ``len(data)``.
+
+    (A regular expression with a lazy ``.*?`` to the matching END line takes quadratic time on a
+    file of many BEGIN lines with no END: 7 s for 112 KB, with the GIL held.)
+    """
+    no_end: set[bytes] = set()
+    for begin in _KEY_BEGIN.finditer(data):
+        label = begin.group(1)
+        if label in no_end:
+            continue
+        end_line = b"-----END " + label + b"PRIVATE KEY-----"
+        end = data.find(end_line, begin.end())
+        if end < 0:
+            no_end.add(label)  # no later BEGIN of this kind can have an END either
+            continue
+        return data[begin.start() : end + len(end_line)]
+    return None
 
 
 def _password_bytes(password: Password) -> bytes | None:
@@ -155,18 +282,18 @@ def _password_bytes(password: Password) -> bytes | None:
 
 
 def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
-    match = _KEY_BLOCK.search(data)
-    if match is None:
+    block = _key_block(data)
+    if block is None:
         if not data.strip():
-            raise InvalidIdentity(f"key file {path} is empty")
+            raise InvalidIdentity(f"key file {path} is empty", path=path)
         if b"PRIVATE KEY-----" in data:
-            raise InvalidIdentity(f"key file {path} is truncated: the private key has no end marker")
+            raise InvalidIdentity(f"key file {path} is truncated: the private key has no end marker", path=path)
         if _CERT_BEGIN in data:
             raise InvalidIdentity(
-                f"key file {path} holds a certificate, not a private key (are the certificate and key paths swapped?)"
+                f"key file {path} holds a certificate, not a private key (are the certificate and key paths swapped?)",
+                path=path,
             )
-        raise InvalidIdentity(f"key file {path} holds no PEM private key")
-    block = match.group(0)
+        raise InvalidIdentity(f"key file {path} holds no PEM private key", path=path)
     secret = _password_bytes(password)
     # cryptography's RSA consistency check holds the GIL for ~30 ms (RSA 2048) to ~210 ms (RSA 4096),
     # stalling every handshake in the worker during a reload. Whether the key belongs to the certificate
@@ -176,24 +303,26 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
         return load(block, password=secret)
     except TypeError:
         if secret is None:
-            raise InvalidIdentity(f"key file {path} is encrypted and no password is configured") from None
+            raise InvalidIdentity(f"key file {path} is encrypted and no password is configured", path=path) from None
         # A password given for an unencrypted key is fine for ssl; accept it here too.
         try:
             return load(block, password=None)
         except (TypeError, ValueError):
-            raise InvalidIdentity(f"key file {path} holds a private key that cannot be parsed") from None
+            raise InvalidIdentity(f"key file {path} holds a private key that cannot be parsed", path=path) from None
     except ValueError as e:
         # A wrong password sometimes decrypts to bytes with valid padding (11 in 3,000 here): cryptography
         # then reports "Could not deserialize", not "Incorrect password". An encrypted key that a given
         # password cannot open is reported the way openssl does: a wrong password.
         encrypted = block.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") or b"Proc-Type: 4,ENCRYPTED" in block
         if secret is not None and (encrypted or "decrypt" in str(e).lower() or "password" in str(e).lower()):
-            raise InvalidIdentity(f"wrong password for key file {path}") from None
+            raise InvalidIdentity(f"wrong password for key file {path}", path=path) from None
         raise InvalidIdentity(
-            f"key file {path} holds a private key that cannot be parsed (truncated or corrupt)"
+            f"key file {path} holds a private key that cannot be parsed (truncated or corrupt)", path=path
         ) from None
-    except Exception:  # cryptography raises UnsupportedAlgorithm and friends for odd keys
-        raise InvalidIdentity(f"key file {path} holds a private key of an unsupported kind") from None
+    except Exception as e:  # cryptography raises UnsupportedAlgorithm and friends for odd keys
+        raise InvalidIdentity(
+            f"key file {path} holds a private key of an unsupported kind ({type(e).__name__}: {e})", path=path
+        ) from e
 
 
 def _spki(key: object) -> bytes:
@@ -202,8 +331,18 @@ def _spki(key: object) -> bytes:
     return result
 
 
+def serial_hex(serial: int) -> str:
+    """A serial number as ``openssl x509 -serial`` prints it: upper-case hex, whole bytes (``0F18...``)."""
+    digits = format(serial, "X")
+    return digits.zfill(len(digits) + len(digits) % 2)
+
+
 def leaf_info(cert: x509.Certificate) -> Leaf:
-    """Summarise a certificate for logs and status."""
+    """Summarise a certificate for logs and status.
+
+    Raises:
+        ValueError: an extension is malformed (cryptography parses extensions only when asked).
+    """
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         sans = tuple(str(getattr(name, "value", name)) for name in san)
@@ -211,7 +350,7 @@ def leaf_info(cert: x509.Certificate) -> Leaf:
         sans = ()
     return Leaf(
         subject=cert.subject.rfc4514_string(),
-        serial=format(cert.serial_number, "X"),
+        serial=serial_hex(cert.serial_number),
         sans=sans,
         not_before=cert.not_valid_before_utc,
         not_after=cert.not_valid_after_utc,
@@ -219,27 +358,74 @@ def leaf_info(cert: x509.Certificate) -> Leaf:
     )
 
 
+def _cert_list_bytes(certs: list[x509.Certificate]) -> int:
+    # TLS 1.3 Certificate message: 4-byte header, context, 3-byte list length, then per certificate a
+    # 3-byte length, the DER and 2 bytes of (empty) extensions.
+    return 8 + sum(5 + len(cert.public_bytes(serialization.Encoding.DER)) for cert in certs)
+
+
 def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
     """Check that ``snapshot`` is a usable identity and describe its leaf certificate.
 
-    The chain must parse completely, the key must parse (with ``password`` when it is
-    encrypted) and must be the key of the first (leaf) certificate, and the client-CA
-    bundle, when configured, must parse. Raises :class:`InvalidIdentity` otherwise.
+    The chain must parse completely and fit in what a client accepts (:data:`MAX_CERT_LIST_BYTES`),
+    every extension of the leaf must parse, the key must parse (with ``password`` when it is
+    encrypted) and must be the key of the first (leaf) certificate, and the client-CA bundle, when
+    configured, must parse. The validity period is not judged here: see :func:`judge_period`.
+
+    Raises:
+        InvalidIdentity: for any of the above, and for anything a parser raises; nothing else escapes.
     """
     files = snapshot.files
-    certs = _load_certificates(snapshot.cert, files.certfile, "certificate")
     key_path = files.keyfile or files.certfile
+    with _unexpected(files.certfile, "the certificate"):
+        certs = _load_certificates(snapshot.cert, files.certfile, "certificate")
+        size = _cert_list_bytes(certs)
+        if size > MAX_CERT_LIST_BYTES:
+            raise InvalidIdentity(
+                f"certificate file {files.certfile} holds {len(certs)} certificates ({size} bytes on the wire), "
+                f"more than the {MAX_CERT_LIST_BYTES} bytes a TLS client accepts (OpenSSL's max_cert_list): "
+                "every handshake would fail; is a whole CA bundle appended to the chain?",
+                path=files.certfile,
+            )
+        leaf = certs[0]
+        info = leaf_info(leaf)
+        leaf_spki = _spki(leaf.public_key())
     key_data = snapshot.key if snapshot.key is not None else snapshot.cert
     if snapshot.key is None and b"PRIVATE KEY-----" not in key_data:
-        raise InvalidIdentity(f"certificate file {files.certfile} holds no private key, and no key file is configured")
-    key = _load_key(key_data, key_path, password)
-    leaf = certs[0]
-    if _spki(key.public_key()) != _spki(leaf.public_key()):
-        info = leaf_info(leaf)
+        raise InvalidIdentity(
+            f"certificate file {files.certfile} holds no private key, and no key file is configured",
+            path=files.certfile,
+        )
+    with _unexpected(key_path, "the private key"):
+        key = _load_key(key_data, key_path, password)
+        key_spki = _spki(key.public_key())
+    if key_spki != leaf_spki:
         raise InvalidIdentity(
             f"key file {key_path} does not match the certificate in {files.certfile} "
-            f"(serial {info.serial}): the two were not issued together"
+            f"(serial {info.serial}): the two were not issued together",
+            path=key_path,
         )
     if snapshot.ca is not None and files.ca_certs:
-        _load_certificates(snapshot.ca, files.ca_certs, "client CA")
-    return leaf_info(leaf)
+        with _unexpected(files.ca_certs, "the client CA bundle"):
+            _load_certificates(snapshot.ca, files.ca_certs, "client CA")
+    return info
+
+
+def judge_period(leaf: Leaf, files: TLSFiles, now: datetime) -> None:
+    """Refuse a certificate no client accepts at ``now``: expired, or not valid yet.
+
+    Raises:
+        InvalidIdentity: naming the certificate file and the date.
+    """
+    if now >= leaf.not_after:
+        raise InvalidIdentity(
+            f"certificate file {files.certfile} holds a certificate that expired at {leaf.not_after.isoformat()} "
+            f"(serial {leaf.serial})",
+            path=files.certfile,
+        )
+    if now < leaf.not_before:
+        raise InvalidIdentity(
+            f"certificate file {files.certfile} holds a certificate not valid before "
+            f"{leaf.not_before.isoformat()} (serial {leaf.serial}); is a clock wrong?",
+            path=files.certfile,
+        )

@@ -30,7 +30,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from .identity import InvalidIdentity, Leaf
+from .identity import Leaf, ReloadError
 from .reloader import Outcome, Reloader, Status
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def observe(reloader: Reloader, registry: CollectorRegistry | None = None) -> bo
         attempts.inc()
         successes.inc()
 
-    def on_failure(error: InvalidIdentity) -> None:
+    def on_failure(error: ReloadError) -> None:
         attempts.inc()
         failures.inc()
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import benchkit as kit
 
-from tlsreload_plugins import Outcome, Reloader, read_files, validate
+from tlsreload_plugins import Outcome, Reloader
+from tlsreload_plugins.identity import read_files, validate
 
 UNCHANGED_TARGET_US = 50.0
 

@@ -16,7 +16,8 @@ import pytest
 import trustme
 
 from tls_server import make_recipe
-from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles, fingerprint, read_files, validate
+from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
+from tlsreload_plugins.identity import fingerprint, read_files, validate
 from tlstest import PASSWORD, Pair, issue, obey_file_modes, with_password
 
 WRONG = "Tr0ub4dor"
@@ -242,7 +243,7 @@ def test_unreadable_file(tls_dir: Dir) -> None:
     tls_dir.key.chmod(0)
     probe = (
         "import sys\n"
-        "from tlsreload_plugins import InvalidIdentity, TLSFiles, read_files\n"
+        "from tlsreload_plugins.identity import InvalidIdentity, TLSFiles, read_files\n"
         "try:\n"
         "    read_files(TLSFiles(sys.argv[1], sys.argv[2]))\n"
         "except InvalidIdentity as e:\n"

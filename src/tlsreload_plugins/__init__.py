@@ -13,38 +13,19 @@ The adapters live in :mod:`tlsreload_plugins.gunicorn` and :mod:`tlsreload_plugi
 """
 
 from .drivers import AsyncioDriver, ThreadDriver
-from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, fingerprint, read_files, validate
-from .reloader import (
-    DEFAULT_EXPIRY_WARNING_DAYS,
-    DEFAULT_INTERVAL,
-    Outcome,
-    Reloader,
-    Status,
-    build_context,
-    load_identity,
-    resolve_expiry_warning_days,
-    resolve_interval,
-)
+from .identity import InvalidIdentity, Leaf, NotServable, ReloadError, TLSFiles
+from .reloader import Outcome, Reloader, Status
 
 __all__ = [
-    "DEFAULT_EXPIRY_WARNING_DAYS",
-    "DEFAULT_INTERVAL",
     "AsyncioDriver",
     "InvalidIdentity",
     "Leaf",
+    "NotServable",
     "Outcome",
-    "Password",
+    "ReloadError",
     "Reloader",
-    "Snapshot",
     "Status",
     "TLSFiles",
     "ThreadDriver",
-    "build_context",
-    "load_identity",
-    "fingerprint",
-    "read_files",
-    "resolve_expiry_warning_days",
-    "resolve_interval",
-    "validate",
 ]
 __version__ = "0.1.0"

@@ -239,7 +239,9 @@ def _load_certificates(data: bytes, path: str, role: str) -> list[x509.Certifica
     ends = data.count(_CERT_END)
     if ends < begins:
         # Checked before parsing: the PEM reader then never searches for an end that is not there.
-        raise InvalidIdentity(f"{role} file {path} is truncated: {begins} certificates begin but {ends} are complete", path=path)
+        raise InvalidIdentity(
+            f"{role} file {path} is truncated: {begins} certificates begin but {ends} are complete", path=path
+        )
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:

@@ -149,8 +149,8 @@ class Status:
     """Failures reported (one per distinct problem, not one per check)."""
 
 
-def build_context(recipe: Recipe) -> ssl.SSLContext:
-    """Call the server's recipe.
+def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLContext:
+    """Call the server's recipe (which reads ``files``, named in errors when given).
 
     Raises:
         InvalidIdentity: the recipe raised anything (OpenSSL refusing the files, a bug in a user's
@@ -161,7 +161,8 @@ def build_context(recipe: Recipe) -> ssl.SSLContext:
         context = recipe()
     except Exception as e:
         detail = str(e) if isinstance(e, (ssl.SSLError, OSError)) else f"{type(e).__name__}: {e}"
-        raise InvalidIdentity(f"the SSL context could not be built from the files: {detail}") from e
+        source = f" {files.describe()}" if files is not None else ""
+        raise InvalidIdentity(f"the SSL context could not be built from the files{source}: {detail}") from e
     if not isinstance(context, ssl.SSLContext):
         raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
     return context
@@ -173,7 +174,7 @@ def load_identity(files: TLSFiles, recipe: Recipe, password: Password = None) ->
     decide exactly as the reloader does. Raises :class:`InvalidIdentity` with the reason."""
     snapshot = read_files(files)
     leaf = validate(snapshot, password)
-    return snapshot, leaf, build_context(recipe)
+    return snapshot, leaf, build_context(recipe, files)
 
 
 FIXED_SETTINGS = ("minimum_version", "maximum_version", "verify_mode", "options")
@@ -421,7 +422,7 @@ class Reloader:
         except InvalidIdentity as e:
             return Examined(fingerprint=observed, leaf=leaf, error=e)
         try:
-            context = build_context(self.recipe)
+            context = build_context(self.recipe, self.files)
         except InvalidIdentity as e:
             # Not remembered as bad content: the recipe reads the files again, maybe mid-rotation.
             if fingerprint(read_files(self.files)) != observed:

@@ -8,7 +8,6 @@ import asyncio
 import datetime
 import logging
 import os
-import signal
 import ssl
 import threading
 import time
@@ -22,7 +21,7 @@ from hostile import HOSTILE
 from tls_server import make_recipe, serving
 from tlsreload_plugins import AsyncioDriver, NotServable, Outcome, Reloader
 from tlsreload_plugins.reloader import Settling, resolve_password
-from tlstest import PASSWORD, Pair, client_context, issue, served_serial, wait_until, with_password
+from tlstest import PASSWORD, Pair, client_context, issue, served_serial, wait_for_child, with_password
 
 RELOADED = "reloaded TLS certificate"
 FAILED = "certificate reload failed"
@@ -324,26 +323,17 @@ def test_a_reloader_is_safe_to_use_after_fork(files: tuple[Path, Path], ca: trus
     try:
         pid = os.fork()
         if pid == 0:  # the child: a held lock would hang it here
+            code = 1
             try:
                 write(files, second)
-                ok = reloader.check(settle=False) is Outcome.RELOADED and reloader.status().reloads == 1
+                code = 0 if reloader.check(settle=False) is Outcome.RELOADED and reloader.status().reloads else 2
             finally:
-                os._exit(0 if ok else 1)
+                os._exit(code)
     finally:
         reloader._lock.release()
         reloader._check_lock.release()
 
-    def child_exit() -> int | None:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        return os.waitstatus_to_exitcode(status) if done else None
-
-    try:
-        code = wait_until(lambda: child_exit() is not None or None, 30, what="the forked child")
-    except AssertionError:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise
-    assert code is True
+    assert wait_for_child(pid) == 0
 
 
 def test_the_key_password_file_is_read_again_on_every_reload(

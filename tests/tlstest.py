@@ -124,6 +124,25 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
         time.sleep(interval)
 
 
+def wait_for_child(pid: int, timeout: float = 30.0) -> int:
+    """Wait for the forked child ``pid`` to exit and return its exit code; kill it after ``timeout`` seconds."""
+    codes: list[int] = []
+
+    def exited() -> bool:
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            codes.append(os.waitstatus_to_exitcode(status))
+        return bool(codes)
+
+    try:
+        wait_until(exited, timeout, what=f"child {pid} to exit")
+    except AssertionError:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise
+    return codes[0]
+
+
 def wait_for_serial(port: int, ctx: ssl.SSLContext, serial: str, timeout: float, attempts: int = 1) -> float:
     """Wait until ``attempts`` consecutive new connections all get ``serial``; returns seconds waited.
 

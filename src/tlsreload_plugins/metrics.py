@@ -133,6 +133,8 @@ def observe(reloader: Reloader, registry: CollectorRegistry | None = None) -> bo
         not_after = families.not_after.labels(certfile)
         last_success = families.last_success.labels(certfile)
         status = reloader.status()
+        failures.inc(status.failures)  # reported before metrics were set up (a start on the last good identity)
+        attempts.inc(status.failures)
         not_after.set(status.leaf.not_after.timestamp())
         last_success.set(status.last_success)
     except Exception as e:  # e.g. PROMETHEUS_MULTIPROC_DIR missing: metrics must never stop TLS serving

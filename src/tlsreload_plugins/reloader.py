@@ -41,6 +41,7 @@ from .identity import (
     read_files,
     validate,
 )
+from .lastgood import LastGood
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
@@ -198,6 +199,7 @@ class Examined:
 
     fingerprint: str | None
     """Digest of the content read, ``None`` when it could not be read."""
+    snapshot: Snapshot | None = None
     unchanged: bool = False
     leaf: Leaf | None = None
     context: ssl.SSLContext | None = None
@@ -264,6 +266,11 @@ class Reloader:
     More can be added later with :meth:`add_callbacks` (metrics, an adapter's hooks);
     exceptions they raise are logged and swallowed.
 
+    ``last_good`` keeps the identity this reloader serves where the server's other processes
+    find it (:mod:`tlsreload_plugins.lastgood`): when the files cannot be used at construction, a
+    valid identity kept there is served instead (one WARNING says so and why), and the files on
+    disk are used as soon as they are usable.
+
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
 
@@ -281,6 +288,7 @@ class Reloader:
         on_failure: Callable[[ReloadError], object] | None = None,
         on_check: Callable[[Outcome, Status], object] | None = None,
         clock: Callable[[], float] = time.time,
+        last_good: LastGood | None = None,
     ) -> None:
         self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
         self.recipe = recipe
@@ -300,7 +308,20 @@ class Reloader:
         # may read status() (metrics do) without deadlocking the check.
         self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
 
-        snapshot, leaf, live = load_identity(self.files, recipe, self.password)
+        self._last_good = last_good
+        start_error: InvalidIdentity | None = None
+        try:
+            snapshot, leaf, live = load_identity(self.files, recipe, self.password)
+        except InvalidIdentity as e:
+            if last_good is None:
+                raise
+            start_error = e
+            try:
+                snapshot, leaf, live = last_good.recall(self.files, self.password, clock())
+            except InvalidIdentity as why_not:
+                raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
+        if last_good is not None:
+            last_good.remember(snapshot)
         self.context: ssl.SSLContext = live
         """The context to hand to the server, once, for its whole life."""
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
@@ -320,6 +341,24 @@ class Reloader:
         self._checks = self._reloads = self._failures = 0
         self._warn_expiry(self._last_success)
         _reloaders.add(self)
+        if start_error is not None:
+            self._started_from_last_good(start_error)
+
+    def _started_from_last_good(self, error: InvalidIdentity) -> None:
+        log.warning(
+            "the TLS files cannot be used (%s); serving the last good certificate this server served "
+            "until they can: %s",
+            error,
+            self._leaf.describe(),
+        )
+        self._last_error = str(error)
+        self._failures = 1
+        # The first checks will find the same problem: it has been reported just now.
+        examined = self.examine(self._clock())
+        if examined.error is not None:
+            self._settling.reported = f"{examined.fingerprint}:{examined.error}"
+            if examined.fingerprint is not None:
+                self._known_bad = examined
 
     def add_callbacks(
         self,
@@ -437,7 +476,9 @@ class Reloader:
         # The recipe may have read other bytes than those validated: then try again next check.
         changed = fingerprint(read_files(self.files)) != observed
         changes = tuple(fixed_setting_changes(self.context, context))
-        return Examined(observed, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes)
+        return Examined(
+            observed, snapshot, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes
+        )
 
     def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
         """The deciding half of :meth:`check`: no I/O, called with the state lock held."""
@@ -468,6 +509,8 @@ class Reloader:
                 ", ".join(examined.fixed_changes),
             )
         self._swap(examined.context, examined.leaf, examined.fingerprint or "", now)
+        if self._last_good is not None and examined.snapshot is not None:
+            self._last_good.remember(examined.snapshot)
         return Outcome.RELOADED
 
     def _swap(self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float) -> None:

@@ -13,15 +13,16 @@ certbot deploy hook, a cert-manager workflow or a Kubernetes probe. Exit status:
 from __future__ import annotations
 
 import argparse
+import os
 import ssl
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from . import __version__, demo
-from .identity import InvalidIdentity, Leaf, TLSFiles
-from .reloader import load_identity
+from . import __version__, demo, watch
+from .identity import InvalidIdentity, Leaf, TLSFiles, password_file
+from .reloader import PASSWORD_FILE_ENV, load_identity
 
 EXIT_OK = 0
 EXIT_UNUSABLE = 1
@@ -38,17 +39,9 @@ class Verdict:
 
 
 def read_password_file(path: str) -> bytes:
-    """The key password stored in ``path``; one trailing newline (as ``echo`` writes) is not part of it."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise InvalidIdentity(f"password file {path} cannot be read: {e.strerror or e}") from None
-    if data.endswith(b"\r\n"):
-        return data[:-2]
-    if data.endswith(b"\n"):
-        return data[:-1]
-    return data
+    """The key password stored in ``path``: its first line, without the line ending, exactly as the
+    servers read ``$TLSRELOAD_KEY_PASSWORD_FILE`` (:func:`~tlsreload_plugins.identity.password_file`)."""
+    return password_file(path)()
 
 
 def check_files(files: TLSFiles, password: bytes | None = None) -> Leaf:
@@ -146,11 +139,37 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 0: usable and valid now; 1: unusable (reason on stderr); 2: bad command line; "
         "3: usable but expired, not yet valid, or expiring within --warn-days.",
     )
-    check.add_argument("--cert", required=True, metavar="PATH", help="certificate chain (PEM), leaf first")
-    check.add_argument("--key", metavar="PATH", help="private key (PEM); omit when it is in the --cert file")
-    check.add_argument("--ca", metavar="PATH", help="client CA bundle (PEM) the server verifies clients against")
+    # Each server's own spellings too, so that a server's options can be pasted as they are.
     check.add_argument(
-        "--password-file", metavar="PATH", help="file holding the key's password (one trailing newline is ignored)"
+        "--cert",
+        "--certfile",
+        "--ssl-certfile",
+        dest="cert",
+        required=True,
+        metavar="PATH",
+        help="certificate chain (PEM), leaf first (also --certfile, --ssl-certfile)",
+    )
+    check.add_argument(
+        "--key",
+        "--keyfile",
+        "--ssl-keyfile",
+        dest="key",
+        metavar="PATH",
+        help="private key (PEM); omit when it is in the --cert file (also --keyfile, --ssl-keyfile)",
+    )
+    check.add_argument(
+        "--ca",
+        "--ca-certs",
+        "--ssl-ca-certs",
+        dest="ca",
+        metavar="PATH",
+        help="client CA bundle (PEM) the server verifies clients against (also --ca-certs, --ssl-ca-certs)",
+    )
+    check.add_argument(
+        "--password-file",
+        metavar="PATH",
+        help=f"file whose first line is the key's password, as the servers read ${PASSWORD_FILE_ENV} "
+        f"(default: ${PASSWORD_FILE_ENV})",
     )
     check.add_argument(
         "--warn-days",
@@ -177,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up when the server does not start or serve a rotation within this time (default: 60)",
     )
+    watch.add_parser(commands)
     return parser
 
 
@@ -184,7 +204,8 @@ def run_check(args: argparse.Namespace) -> int:
     """``tlsreload check``: print the certificate's details; return the exit status."""
     files = TLSFiles(args.cert, args.key or None, args.ca or None)
     try:
-        password = read_password_file(args.password_file) if args.password_file else None
+        path = args.password_file or os.environ.get(PASSWORD_FILE_ENV)
+        password = read_password_file(path) if path else None
         leaf = check_files(files, password)
     except InvalidIdentity as e:
         print(f"tlsreload check: NOT USABLE: {e}", file=sys.stderr)
@@ -206,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as e:  # a bad input we did not foresee must still not end in a traceback
             print(f"tlsreload check: NOT USABLE: unexpected error: {type(e).__name__}: {e}", file=sys.stderr)
             return EXIT_UNUSABLE
+    if args.command == "watch":
+        return watch.run(args)
     return demo.run(server=args.server, rotations=args.rotations, interval=args.interval, timeout=args.timeout)
 
 

@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "handshake_throughput": [],
     "rotation_latency": [],
     "rotation_handshakes": ["--stock"],
+    "hostile_stall": [],
 }
 
 

@@ -33,7 +33,9 @@ MAX_CERT_LIST_BYTES = 100 * 1024
 (``SSL_MAX_CERT_LIST_DEFAULT``). A longer chain loads, then fails every handshake with
 ``EXCESSIVE_MESSAGE_SIZE``, so it is refused."""
 
-_KEY_BEGIN = re.compile(rb"-----BEGIN ((?:[A-Z0-9]+ ){0,3})PRIVATE KEY-----")
+_KEY_BEGIN = re.compile(rb"-----BEGIN ((?:RSA |EC |DSA |ENCRYPTED )?)PRIVATE KEY-----")
+"""The PEM private-key kinds cryptography loads. A closed set keeps the scan linear: at most one
+failed search for an END line per kind, however many BEGIN lines a file holds."""
 _CERT_BEGIN = b"-----BEGIN CERTIFICATE-----"
 _CERT_END = b"-----END CERTIFICATE-----"
 
@@ -275,6 +277,10 @@ def _key_block(data: bytes) -> bytes | None:
     return None
 
 
+def _is_encrypted(block: bytes) -> bool:
+    return block.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") or b"Proc-Type: 4,ENCRYPTED" in block
+
+
 def _password_bytes(password: Password) -> bytes | None:
     if callable(password):
         password = password()
@@ -306,6 +312,10 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
     except TypeError:
         if secret is None:
             raise InvalidIdentity(f"key file {path} is encrypted and no password is configured", path=path) from None
+        if _is_encrypted(block):  # cryptography takes an empty password for none at all
+            raise InvalidIdentity(
+                f"wrong password for key file {path} (the password given is empty)", path=path
+            ) from None
         # A password given for an unencrypted key is fine for ssl; accept it here too.
         try:
             return load(block, password=None)
@@ -315,7 +325,7 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
         # A wrong password sometimes decrypts to bytes with valid padding (11 in 3,000 here): cryptography
         # then reports "Could not deserialize", not "Incorrect password". An encrypted key that a given
         # password cannot open is reported the way openssl does: a wrong password.
-        encrypted = block.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") or b"Proc-Type: 4,ENCRYPTED" in block
+        encrypted = _is_encrypted(block)
         if secret is not None and (encrypted or "decrypt" in str(e).lower() or "password" in str(e).lower()):
             raise InvalidIdentity(f"wrong password for key file {path}", path=path) from None
         raise InvalidIdentity(

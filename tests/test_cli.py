@@ -14,7 +14,7 @@ import pytest
 import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from tlsreload_plugins import InvalidIdentity, Reloader
@@ -196,7 +196,7 @@ def test_password_file_with_a_trailing_newline(
     assert not reloader_accepts(cert, key, b"nope")
 
     status, _, err = check(capsys, "--cert", cert, "--key", key, "--password-file", tmp_path / "absent")
-    assert status == EXIT_UNUSABLE and "password file" in err and "cannot be read" in err
+    assert status == EXIT_UNUSABLE and "key password file" in err and "does not exist" in err
 
 
 def test_expired_not_yet_valid_and_warn_days_exit_3(
@@ -246,3 +246,83 @@ def test_console_script_exit_statuses_and_no_traceback(tmp_path: Path, ca: trust
         assert "usage: tlsreload" in result.stderr
     for result in (ok, bad):
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        ("--cert", "--key", "--ca"),
+        ("--certfile", "--keyfile", "--ca-certs"),
+        ("--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certs"),
+    ],
+    ids=["tlsreload", "gunicorn", "uvicorn"],
+)
+def test_each_servers_option_names_are_accepted(
+    spelling: tuple[str, str, str], tmp_path: Path, ca: trustme.CA, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = KubeletLayout(tmp_path / "secret")
+    pair = issue(ca)
+    layout.write_files({"tls.crt": pair.chain, "tls.key": pair.key, "ca.crt": ca.cert_pem.bytes()})
+    cert, key, client_ca = spelling
+
+    status, out, err = check(capsys, cert, layout.cert_path, key, layout.key_path, client_ca, layout.ca_path)
+
+    assert (status, err) == (EXIT_OK, ""), err
+    assert pair.serial in out and str(layout.ca_path) in out
+
+
+def test_password_file_is_read_as_the_servers_read_it(
+    tmp_path: Path, ca: trustme.CA, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """First line only (a comment or a second line after it is not part of the password), and
+    $TLSRELOAD_KEY_PASSWORD_FILE when --password-file is not given."""
+    pair = issue(ca)
+    (tmp_path / "c").write_bytes(pair.chain)
+    (tmp_path / "k").write_bytes(encrypted(pair.key, b"s3cret"))
+    (tmp_path / "pw").write_bytes(b"s3cret\r\nrotated by vault at 12:00\n")
+    args = ("--certfile", tmp_path / "c", "--keyfile", tmp_path / "k")
+
+    assert check(capsys, *args, "--password-file", tmp_path / "pw")[0] == EXIT_OK
+    status, _, err = check(capsys, *args)
+    assert status == EXIT_UNUSABLE and "encrypted and no password" in err
+    monkeypatch.setenv("TLSRELOAD_KEY_PASSWORD_FILE", str(tmp_path / "pw"))
+    assert check(capsys, *args)[0] == EXIT_OK
+
+
+def self_signed(serial: int) -> tuple[bytes, bytes]:
+    """A self-signed EC P-256 pair with the given serial number."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+# Where printers differ: an odd number of hex digits, a high first bit (DER adds a 00 byte), a 20-byte serial.
+SERIALS = [1, 0xF18, 0x80FF, 0x7F, x509.random_serial_number(), (1 << 158) + 0xABC]
+
+
+@pytest.mark.parametrize("serial", SERIALS, ids=hex)
+def test_serial_is_printed_as_openssl_prints_it(tmp_path: Path, serial: int) -> None:
+    cert_pem, key_pem = self_signed(serial)
+    (tmp_path / "c").write_bytes(cert_pem)
+    (tmp_path / "k").write_bytes(key_pem)
+    openssl = subprocess.run(
+        ["openssl", "x509", "-in", str(tmp_path / "c"), "-noout", "-serial"], capture_output=True, text=True, check=True
+    )
+    ours = run_cli("check", "--cert", tmp_path / "c", "--key", tmp_path / "k")
+    assert ours.returncode == EXIT_OK, ours.stderr
+    fields = dict(line.split(":", 1) for line in ours.stdout.splitlines())
+    assert openssl.stdout.strip() == f"serial={fields['serial'].strip()}", (openssl.stdout, ours.stdout)

@@ -268,7 +268,7 @@ def test_unusable_files_at_start_stop_gunicorn_with_one_clear_error(tmp_path: Pa
     output = server.output()
     assert server.proc.returncode == 1, output
     assert "Traceback" not in output, output
-    assert "Booting worker" not in output, output
+    assert "Booting worker" not in output and "Listening at" not in output, output
     errors = [line for line in output.splitlines() if "[ERROR]" in line and "TLS" in line]
     assert len(errors) == 2, output  # ours, then gunicorn's "Reason:"
     assert "cannot serve TLS: key file" in errors[0] and "does not match the certificate" in errors[0], errors
@@ -281,7 +281,8 @@ def test_add_reload_wraps_a_config_module_once() -> None:
     namespace: dict[str, object] = {"ssl_context": ssl_context, "workers": 2}
     add_reload(namespace)
     wrapped = dict(namespace)
-    assert {"ssl_context", "post_worker_init", "worker_exit", "when_ready"} <= wrapped.keys()
+    assert {"ssl_context", "on_starting", "post_worker_init", "worker_exit"} <= wrapped.keys()
+    assert "when_ready" not in wrapped  # the start-up check runs in on_starting, before the sockets are bound
     assert wrapped["ssl_context"] is not ssl_context and wrapped["workers"] == 2
     add_reload(namespace)  # a config file executed twice, or a second call: no double wrapping
     assert namespace == wrapped

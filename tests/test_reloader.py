@@ -357,9 +357,14 @@ def test_the_key_password_file_is_read_again_on_every_reload(
     assert reloader.check() is Outcome.RELOADED
     assert reloader.leaf.serial == rotated.serial
     password_file.write_text("wrong\n")
-    write(files, with_password(issue(ca), "a third password"))
-    assert reloader.check(settle=False) is Outcome.FAILED
+    third = with_password(issue(ca), "a third password")
+    write(files, third)
+    assert [reloader.check() for _ in range(3)][1:] == [Outcome.FAILED, Outcome.FAILED]
     assert "wrong password" in (reloader.status().last_error or "")
+    # Fixing only the password file is enough: known-bad content is judged again with the new password.
+    password_file.write_text("a third password\n")
+    assert reloader.check() is Outcome.RELOADED
+    assert reloader.leaf.serial == third.serial
 
 
 def test_a_check_that_cannot_be_moved_onto_reports_not_servable(files: tuple[Path, Path], ca: trustme.CA) -> None:

@@ -306,37 +306,55 @@ def test_encrypted_key_with_password_reloads(ca: trustme.CA, tmp_path: Path) -> 
 # --- no lifespan to follow --------------------------------------------------------------------
 
 
+RUN_LIFESPAN_OFF = """
+import sys
+import uvicorn
+from tlsreload_plugins.uvicorn import reloading_ssl_context
+port, cert, key = sys.argv[1:]
+uvicorn.run("uvicorn_apps:plain", host="127.0.0.1", port=int(port), ssl_certfile=cert, ssl_keyfile=key,
+            ssl_context_factory=reloading_ssl_context, lifespan="off")
+"""
+
+
 @pytest.mark.parametrize(
     ("way", "message"),
     [
-        ("--lifespan off", "WARNING:  tlsreload: lifespan is off"),
-        ("app refusing lifespan", "INFO:     tlsreload: the app does not support the ASGI lifespan protocol"),
+        ("drop-in --lifespan off", None),
+        ("drop-in, app refusing lifespan", None),
+        ("uvicorn.run lifespan off", "WARNING:  tlsreload: lifespan is off"),
         ("factory without extension", "WARNING:  tlsreload: no TLSReloadLifespan or reloading_certificates()"),
     ],
 )
-def test_without_a_lifespan_it_says_so_and_still_reloads(
-    ca: trustme.CA, tmp_path: Path, way: str, message: str
-) -> None:
+def test_without_a_lifespan_it_still_reloads(ca: trustme.CA, tmp_path: Path, way: str, message: str | None) -> None:
+    """The drop-in checks from the event loop and needs no lifespan; a factory used without the extension
+    says once how its checks run."""
     layout = KubeletLayout(tmp_path / "tls")
     first, second = issue(ca), issue(ca)
     layout.install(first)
     port = free_port()
     ctx = client_context(ca)
-    if way == "--lifespan off":
+    cert, key = str(layout.cert_path), str(layout.key_path)
+    if way == "drop-in --lifespan off":
         args = drop_in(port, layout, "--lifespan", "off")
-    elif way == "app refusing lifespan":
+    elif way == "drop-in, app refusing lifespan":
         args = drop_in(port, layout, app="uvicorn_apps:no_lifespan")
+    elif way == "uvicorn.run lifespan off":
+        args = [sys.executable, "-c", RUN_LIFESPAN_OFF, str(port), cert, key]
     else:
-        cert, key = str(layout.cert_path), str(layout.key_path)
         args = script(TESTS / "uvicorn_apps.py", "unwrapped_app", str(port), cert, key, "--lifespan-grace", "1")
-    with start(args, tmp_path, port) as server:
+    env = {"TLSRELOAD_INTERVAL": INTERVAL, "PYTHONPATH": str(TESTS)}
+    with run_server(args, tmp_path / "server.log", port, env=env, cwd=tmp_path) as server:
         wait_for_serial(port, ctx, first.serial, DEADLINE)
-        wait_until(lambda: message in server.output(), DEADLINE, what=message)
+        if message is not None:
+            wait_until(lambda: message in server.output(), DEADLINE, what=message)
         layout.install(second)
         wait_for_serial(port, ctx, second.serial, DEADLINE)
-        out = stop_cleanly(server, signal.SIGINT, message)  # SIGINT: the loop is torn down, the ticker cancelled
-    assert len(lines_with(out, message)) == 1
+        expected = () if message is None else (message,)
+        out = stop_cleanly(server, signal.SIGINT, *expected)  # SIGINT: the loop is torn down, the ticker cancelled
+    if message is not None:
+        assert len(lines_with(out, message)) == 1
     assert len(lines_with(out, "tlsreload: watching")) == 1
+    assert len(lines_with(out, RELOADED)) == 1
 
 
 def test_extension_without_the_factory_says_there_is_nothing_to_reload(ca: trustme.CA, tmp_path: Path) -> None:

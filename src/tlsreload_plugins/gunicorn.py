@@ -1,50 +1,72 @@
 """Reload gunicorn's TLS certificate inside every worker, whatever the worker class.
 
-Two ways to use it. With no configuration file of your own::
+Two ways to use it. The drop-in configuration::
 
     gunicorn -c python:tlsreload_plugins.gunicorn_conf --certfile tls.crt --keyfile tls.key app:app
 
-With your own ``gunicorn.conf.py``, call :func:`add_reload` at its end, after your hooks::
+keeps the configuration gunicorn would have read without it (``./gunicorn.conf.py``, or the
+``-c`` of ``$GUNICORN_CMD_ARGS``): its settings and hooks apply as gunicorn applies them. Or, in
+your own ``gunicorn.conf.py``, call :func:`add_reload` at its end, after your hooks::
 
     from tlsreload_plugins.gunicorn import add_reload
     ...
     add_reload(globals())
 
-It wraps the file's ``ssl_context``, ``post_worker_init``, ``worker_exit`` and ``when_ready``
+It wraps the file's ``ssl_context``, ``on_starting``, ``post_worker_init`` and ``worker_exit``
 hooks (defining those that are missing): yours still run, and what your ``ssl_context`` sets
 (``minimum_version``, ciphers, ...) is applied again on every reload.
 
-How it works. In the arbiter, ``when_ready`` checks the files once and stops gunicorn with one
-clear error if they are unusable; the arbiter never holds a reloader or a thread. Each worker,
-once set up (``post_worker_init``: after a gevent worker has monkey-patched, after the fork with
-``--preload``), builds one :class:`~tlsreload_plugins.Reloader` whose recipe is your
-``ssl_context`` hook applied to gunicorn's default factory, and starts a
-:class:`~tlsreload_plugins.ThreadDriver` (a greenlet under gevent). The ``ssl_context`` hook then
-returns that worker's one context every time: ``sync`` and ``gthread`` call it per connection,
-``gevent``, ``tornado`` and ``asgi`` once. ``uvicorn_worker.UvicornWorker`` never calls the hook:
-its ``uvicorn.Config`` gets an ``ssl_context_factory`` that applies your hook to uvicorn's own
-default factory (so verify mode, CA bundle, ciphers and protocol are uvicorn-worker's).
+How it works. In the arbiter, ``on_starting`` (before any socket is bound) checks the settings
+and the files once and stops gunicorn with one clear error line if they are unusable; the
+arbiter never holds a reloader or a thread. Each worker, once set up (``post_worker_init``:
+after a gevent worker has monkey-patched, after the fork with ``--preload``), builds one
+:class:`~tlsreload_plugins.Reloader` whose recipe is your ``ssl_context`` hook applied to
+gunicorn's default factory, and starts a :class:`~tlsreload_plugins.ThreadDriver` (a greenlet
+under gevent). The ``ssl_context`` hook then returns that worker's one context every time:
+``sync`` and ``gthread`` call it per connection, ``gevent``, ``tornado`` and ``asgi`` once.
+``uvicorn_worker.UvicornWorker`` never calls the hook: ``on_starting`` adds an
+``ssl_context_factory`` to its documented ``CONFIG_KWARGS``, which applies your hook to uvicorn's
+own default factory (so verify mode, CA bundle, ciphers and protocol are uvicorn-worker's).
 ``worker_exit`` stops the worker's driver.
+
+An encrypted key's password comes from ``$TLSRELOAD_KEY_PASSWORD_FILE`` (gunicorn has no
+setting for it): the file's first line, read again on every reload.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
 import logging
 import os
+import shlex
 import signal
 import ssl
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import metrics
 from .drivers import ThreadDriver
-from .identity import InvalidIdentity, TLSFiles
-from .reloader import Recipe, Reloader, load_identity, resolve_expiry_warning_days, resolve_interval
+from .identity import InvalidIdentity, Password, TLSFiles
+from .reloader import (
+    Recipe,
+    Reloader,
+    load_identity,
+    resolve_expiry_warning_days,
+    resolve_interval,
+    resolve_password,
+)
+
+__all__ = ["add_reload", "reload_hooks", "reloaders", "worker_reloader"]
 
 log = logging.getLogger("tlsreload_plugins.gunicorn")
 
@@ -54,6 +76,13 @@ RETRY_DELAY = 0.5
 giving up: a process that starts in the middle of a rotation (certbot relinks its files one at a
 time) must not fail. A worker waiting for usable files reads them every RETRY_DELAY seconds too
 (independent of the interval, which may be longer than gunicorn's worker timeout)."""
+
+STARTUP_FAILURE = 1
+"""Exit status of the arbiter when the TLS files or settings are unusable at start-up (gunicorn's own
+for a configuration error)."""
+
+DROP_IN = "python:tlsreload_plugins.gunicorn_conf"
+"""The drop-in configuration, as given to ``-c``."""
 
 T = TypeVar("T")
 SSLContextHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
@@ -68,14 +97,29 @@ class _Serving:
     driver: ThreadDriver
 
 
+@dataclass
+class _UvicornWorkerSetUp:
+    """What ``post_worker_init`` leaves for the factory a ``UvicornWorker``'s uvicorn calls later."""
+
+    pid: int
+    worker: Any
+    user_ssl_context: SSLContextHook
+    interval: float | None
+
+
 _serving: _Serving | None = None
 """This worker's reloader. Keyed by pid so that a forked child never uses its parent's."""
 
+_uvicorn_worker: _UvicornWorkerSetUp | None = None
+
 _routed: list[logging.Handler] = []
-"""The handlers :func:`route_logs` gave the package's logger (any others were configured by the user)."""
+"""The handlers :func:`_route_logs` gave the package's logger (any others were configured by the user)."""
 
 _building = threading.local()
 """Set while a reload calls gunicorn's factory, so that our own hook hands it the user's context."""
+
+_chained_config: str | None = None
+"""The configuration the drop-in applied besides itself (``./gunicorn.conf.py``, ...), for the start-up log."""
 
 
 def worker_reloader() -> Reloader | None:
@@ -83,6 +127,13 @@ def worker_reloader() -> Reloader | None:
     TLS, or before the worker has built it (a ``UvicornWorker`` builds it as its server starts)."""
     serving = _serving
     return serving.reloader if serving is not None and serving.pid == os.getpid() else None
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders of this process, as ``tlsreload_plugins.uvicorn.reloaders()`` and
+    ``tlsreload_plugins.hypercorn.reloaders()`` say it: the worker's one, or none."""
+    reloader = worker_reloader()
+    return [] if reloader is None else [reloader]
 
 
 def _gunicorn_default_ssl_context(
@@ -101,50 +152,58 @@ def reload_hooks(
     worker_exit: WorkerExitHook | None = None,
     when_ready: ServerHook | None = None,
     *,
+    on_starting: ServerHook | None = None,
     interval: float | None = None,
 ) -> dict[str, Callable[..., Any]]:
-    """Return gunicorn hooks ``ssl_context``, ``post_worker_init``, ``worker_exit`` and
-    ``when_ready`` that add certificate reloading to the given ones (each may be ``None``).
+    """Return gunicorn hooks ``ssl_context``, ``on_starting``, ``post_worker_init`` and
+    ``worker_exit`` that add certificate reloading to the given ones (each may be ``None``).
     ``interval`` defaults to ``$TLSRELOAD_INTERVAL``, else 1 second. Most configurations want
-    :func:`add_reload`."""
+    :func:`add_reload`. ``when_ready``, given, is returned unchanged (the start-up check now runs
+    in ``on_starting``, before gunicorn binds its sockets)."""
     user_ssl_context = ssl_context or _gunicorn_default_ssl_context
 
     def reloading_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
         reloader = worker_reloader()
         if reloader is None or getattr(_building, "active", False):
+            password = resolve_password(None)
+            if password is not None:  # gunicorn's factory has no password: OpenSSL would prompt on a tty
+                default_ssl_context_factory = _factory_with_password(conf, password)
             return user_ssl_context(conf, default_ssl_context_factory)
         return reloader.context
 
+    def reloading_on_starting(server: Any) -> None:
+        _check_at_start(server, interval)
+        if on_starting is not None:
+            on_starting(server)
+
     def reloading_post_worker_init(worker: Any) -> None:
         # Ours first: the user's hook can then reach the reloader through worker_reloader().
-        start_worker(worker, user_ssl_context, interval)
+        _start_worker(worker, user_ssl_context, interval)
         if post_worker_init is not None:
             post_worker_init(worker)
-
-    def reloading_when_ready(server: Any) -> None:
-        check_at_start(server, interval)
-        if when_ready is not None:
-            when_ready(server)
 
     def reloading_worker_exit(server: Any, worker: Any) -> None:
         try:
             if worker_exit is not None:
                 worker_exit(server, worker)
         finally:
-            stop_worker()
+            _stop_worker()
 
-    return {
+    hooks: dict[str, Callable[..., Any]] = {
         "ssl_context": reloading_ssl_context,
+        "on_starting": reloading_on_starting,
         "post_worker_init": reloading_post_worker_init,
         "worker_exit": reloading_worker_exit,
-        "when_ready": reloading_when_ready,
     }
+    if when_ready is not None:
+        hooks["when_ready"] = when_ready
+    return hooks
 
 
 def add_reload(namespace: MutableMapping[str, Any], *, interval: float | None = None) -> None:
     """Add certificate reloading to a gunicorn configuration module: call ``add_reload(globals())``
-    at the end of ``gunicorn.conf.py``. Wraps the module's ``ssl_context``, ``post_worker_init``,
-    ``worker_exit`` and ``when_ready`` (defining those it lacks); calling it twice changes nothing."""
+    at the end of ``gunicorn.conf.py``. Wraps the module's ``ssl_context``, ``on_starting``,
+    ``post_worker_init`` and ``worker_exit`` (defining those it lacks); calling it twice changes nothing."""
     already = getattr(namespace.get("ssl_context"), "__qualname__", "")
     if already.startswith(f"{reload_hooks.__name__}."):
         return
@@ -153,33 +212,231 @@ def add_reload(namespace: MutableMapping[str, Any], *, interval: float | None = 
             namespace.get("ssl_context"),
             namespace.get("post_worker_init"),
             namespace.get("worker_exit"),
-            namespace.get("when_ready"),
+            on_starting=namespace.get("on_starting"),
             interval=interval,
         )
     )
 
 
+# -- the drop-in configuration ----------------------------------------------------------------------
+
+
+def _config_locations() -> tuple[str | None, str | None]:
+    """The ``-c`` of the command line and the ``-c`` of ``$GUNICORN_CMD_ARGS`` (each ``None`` when absent)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-c", "--config")
+
+    def config_of(args: list[str]) -> str | None:
+        try:
+            known, _ = parser.parse_known_args(args)
+        except SystemExit:  # not gunicorn's command line (a custom application): no -c to find
+            return None
+        config: str | None = known.config
+        return config
+
+    env = os.environ.get("GUNICORN_CMD_ARGS")
+    return config_of(sys.argv[1:]), config_of(shlex.split(env)) if env else None
+
+
+def _replaced_config() -> str | None:
+    """The configuration gunicorn would have read had the drop-in not been named (gunicorn/app/base.py,
+    ``Application.load_config``: the ``-c`` of the command line, else that of ``$GUNICORN_CMD_ARGS``, else
+    ``./gunicorn.conf.py`` when it exists); ``None`` when there is none, or the drop-in was not named with
+    ``-c`` (a custom application loads it by itself)."""
+    from gunicorn.config import get_default_config_file  # type: ignore[import-untyped]  # optional dependency
+
+    command_line, environment = _config_locations()
+    if command_line == DROP_IN:
+        return environment if environment not in (None, DROP_IN) else get_default_config_file()
+    if command_line is None and environment == DROP_IN:
+        path: str | None = get_default_config_file()
+        return path
+    return None
+
+
+def _read_config(location: str) -> dict[str, Any]:
+    """A configuration's names, read as gunicorn reads them (gunicorn/app/base.py): ``python:MODULE`` is
+    imported; a file is executed as the module ``__config__``, and an error in it is reported as gunicorn
+    reports it (``Failed to read config file: ...`` and the traceback, exit 1)."""
+    if location.startswith("python:"):
+        return dict(vars(importlib.import_module(location[len("python:") :])))
+    filename = location[len("file:") :] if location.startswith("file:") else location
+    if not os.path.exists(filename):
+        raise RuntimeError(f"{filename!r} doesn't exist")
+    try:
+        loader = importlib.machinery.SourceFileLoader("__config__", filename)
+        spec = importlib.util.spec_from_file_location("__config__", filename, loader=loader)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["__config__"] = module
+        loader.exec_module(module)
+    except Exception:
+        print(f"Failed to read config file: {filename}", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.exit(1)
+    return dict(vars(module))
+
+
+def _drop_in_settings() -> dict[str, Any]:
+    """The settings of ``tlsreload_plugins.gunicorn_conf``: those of the configuration gunicorn would have
+    read without it, then reloading added to its hooks. gunicorn applies ``$GUNICORN_CMD_ARGS`` and the
+    command line over them, as it always does."""
+    from gunicorn.config import KNOWN_SETTINGS
+
+    global _chained_config
+    names = {setting.name for setting in KNOWN_SETTINGS}
+    location = _replaced_config()
+    settings = {} if location is None else {k: v for k, v in _read_config(location).items() if k in names}
+    _chained_config = location
+    add_reload(settings)
+    on_starting, on_reload = settings.get("on_starting"), settings.get("on_reload")
+
+    # gunicorn reads a configuration *file* again on HUP but imports a python: module once. Forgetting the
+    # drop-in once it has been read makes the next HUP read it, and the user's file, again.
+    def forget_drop_in_on_starting(server: Any) -> None:
+        sys.modules.pop("tlsreload_plugins.gunicorn_conf", None)
+        if on_starting is not None:
+            on_starting(server)
+
+    def forget_drop_in_on_reload(server: Any) -> None:
+        sys.modules.pop("tlsreload_plugins.gunicorn_conf", None)
+        if on_reload is not None:
+            on_reload(server)
+
+    settings["on_starting"] = forget_drop_in_on_starting
+    settings["on_reload"] = forget_drop_in_on_reload
+    return settings
+
+
+def _refuse_as_configuration() -> None:
+    """``-c python:tlsreload_plugins.gunicorn`` (the library, not the drop-in) would run with no reloading:
+    refuse it, through gunicorn's own one-line configuration error (``Error: ...``, exit 1)."""
+    if "gunicorn.app.base" not in sys.modules:
+        return
+    wrong = "python:tlsreload_plugins.gunicorn"
+    command_line, environment = _config_locations()
+    if wrong in (command_line, environment if command_line is None else None):
+        raise RuntimeError(
+            f"{wrong} is tlsreload's library and sets nothing, so certificates would not be reloaded: "
+            f"use -c {DROP_IN}, or add_reload(globals()) at the end of your own configuration file"
+        )
+
+
+# -- in the arbiter -------------------------------------------------------------------------------
+
+
+def _check_at_start(arbiter: Any, interval: float | None = None) -> None:
+    """In the arbiter, before gunicorn binds its sockets (what ``on_starting`` does): stop gunicorn
+    with one clear error line when a setting or the files cannot make a context, instead of
+    starting workers that fail; get a ``UvicornWorker`` to use the reloading factory."""
+    _route_logs(arbiter.log)
+    if _chained_config is not None:
+        log.info("the drop-in configuration also applies %s, as gunicorn would without it", _chained_config)
+    cfg = arbiter.cfg
+    if not cfg.is_ssl:
+        log.warning("no --certfile given: serving without TLS, nothing to reload")
+        return
+    try:
+        if not cfg.certfile:
+            raise ValueError(
+                f"--keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
+                "(the key may be in the certificate file, not the other way round)"
+            )
+        resolve_interval(interval)
+        resolve_expiry_warning_days()
+        password = resolve_password(None)
+        _prepare_uvicorn_worker(cfg)
+        files = TLSFiles(cfg.certfile, cfg.keyfile, cfg.ca_certs)
+        _retry_at_start(lambda: load_identity(files, _gunicorn_recipe(cfg), password))
+    except (InvalidIdentity, ValueError) as e:  # ValueError: a bad setting
+        log.error("cannot serve TLS: %s", e)
+        arbiter.halt(reason="the TLS certificate files or settings are not usable", exit_status=STARTUP_FAILURE)
+
+
+def _retry_at_start(attempt: Callable[[], T]) -> T:
+    for remaining in reversed(range(BOOT_ATTEMPTS)):
+        try:
+            return attempt()
+        except InvalidIdentity:
+            if not remaining:
+                raise
+            time.sleep(RETRY_DELAY)
+    raise AssertionError("unreachable")
+
+
+def _is_uvicorn_worker(worker_class: Any) -> bool:
+    return any(cls.__module__.split(".")[0] in ("uvicorn_worker", "uvicorn") for cls in inspect.getmro(worker_class))
+
+
+def _prepare_uvicorn_worker(cfg: Any) -> None:
+    """``uvicorn_worker.UvicornWorker`` builds its ``uvicorn.Config`` from gunicorn's settings plus the
+    class's ``CONFIG_KWARGS`` (its documented way to pass more) and never calls gunicorn's ``ssl_context``
+    hook: add the reloading factory there. Raises ValueError when that way is gone."""
+    worker_class: Any = cfg.worker_class
+    if not isinstance(worker_class, type) or not _is_uvicorn_worker(worker_class):
+        return
+    owner: Any = worker_class
+    import uvicorn
+
+    kwargs = getattr(worker_class, "CONFIG_KWARGS", None)
+    if not isinstance(kwargs, dict):
+        raise ValueError(
+            f"the worker class {cfg.worker_class_str} has no CONFIG_KWARGS (uvicorn-worker's way to configure "
+            "uvicorn): certificates cannot be reloaded with this version"
+        )
+    if "ssl_context_factory" not in inspect.signature(uvicorn.Config).parameters:
+        raise ValueError(
+            f"uvicorn {uvicorn.__version__} has no Config(ssl_context_factory=...): upgrade to uvicorn 0.47 or newer"
+        )
+    owner.CONFIG_KWARGS = {**kwargs, "ssl_context_factory": _uvicorn_worker_context}
+
+
 # -- inside a worker ------------------------------------------------------------------------------
 
 
-def start_worker(worker: Any, user_ssl_context: SSLContextHook, interval: float | None = None) -> None:
+def _start_worker(worker: Any, user_ssl_context: SSLContextHook, interval: float | None = None) -> None:
     """Set reloading up in this worker process (what ``post_worker_init`` does)."""
-    route_logs(worker.log)
+    global _uvicorn_worker
+    _route_logs(worker.log)
     if not worker.cfg.is_ssl:
         return
-    config: Any = getattr(worker, "config", None)
-    if type(config).__module__ == "uvicorn.config":
-        # uvicorn_worker.UvicornWorker: its Config.load(), which builds the one context, runs later.
-        if not hasattr(config, "ssl_context_factory"):
-            log.error("this uvicorn has no Config.ssl_context_factory: upgrade uvicorn to reload certificates")
-            return
-
-        def uvicorn_factory(config: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-            return _serve(worker, lambda: user_ssl_context(worker.cfg, default_factory), interval).context
-
-        config.ssl_context_factory = uvicorn_factory
+    if _is_uvicorn_worker(type(worker)):
+        # Its uvicorn calls _uvicorn_worker_context as it starts serving, after this hook. Guard: the
+        # factory must have reached uvicorn's Config (read through the worker's undocumented `config`).
+        config = getattr(worker, "config", None)
+        if getattr(config, "ssl_context_factory", None) is not _uvicorn_worker_context:
+            log.error(
+                "%s did not hand tlsreload's ssl_context_factory to uvicorn (CONFIG_KWARGS): this worker "
+                "would never reload its certificate; stopping",
+                type(worker).__name__,
+            )
+            sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR: the arbiter stops with "Worker failed to boot."
+        _uvicorn_worker = _UvicornWorkerSetUp(os.getpid(), worker, user_ssl_context, interval)
         return
     _serve(worker, _gunicorn_recipe(worker.cfg), interval)
+
+
+def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """The ``ssl_context_factory`` of a ``UvicornWorker``'s uvicorn: the user's ``ssl_context`` hook
+    applied to uvicorn's default factory, reloading."""
+    set_up = _uvicorn_worker
+    if set_up is None or set_up.pid != os.getpid():
+        log.error("tlsreload's post_worker_init did not run in this worker: its certificate will NOT be reloaded")
+        return default_factory()
+    password = resolve_password(None)
+
+    def recipe() -> ssl.SSLContext:
+        if password is not None:  # uvicorn's default factory reads it from the Config on every call
+            config.ssl_keyfile_password = _password_text(password)
+        return set_up.user_ssl_context(set_up.worker.cfg, default_factory)
+
+    return _serve(set_up.worker, recipe, set_up.interval).context
+
+
+def _password_text(password: Password) -> str | None:
+    value = password() if callable(password) else password
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _gunicorn_recipe(cfg: Any) -> Recipe:
@@ -198,6 +455,31 @@ def _gunicorn_recipe(cfg: Any) -> Recipe:
     return build
 
 
+def _factory_with_password(conf: Any, password: Password) -> Callable[[], ssl.SSLContext]:
+    """gunicorn's default factory (gunicorn/sock.py ``ssl_context``) loading the key with ``password``."""
+    from gunicorn import sock
+
+    def factory() -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=conf.ca_certs)
+        context.load_cert_chain(certfile=conf.certfile, keyfile=conf.keyfile, password=password)
+        context.verify_mode = conf.cert_reqs
+        if conf.ciphers:
+            context.set_ciphers(conf.ciphers)
+        alpn = getattr(sock, "_get_alpn_protocols", None)
+        if alpn is not None:
+            protocols = alpn(conf)
+            if protocols:
+                context.set_alpn_protocols(protocols)
+        elif getattr(conf, "http_protocols", None) not in (None, ["h1"]):
+            raise RuntimeError(
+                "this gunicorn moved its ALPN set-up (gunicorn.sock._get_alpn_protocols): an encrypted key "
+                "cannot be combined with --http-protocols"
+            )
+        return context
+
+    return factory
+
+
 def _serve(worker: Any, recipe: Recipe, interval: float | None) -> Reloader:
     global _serving
     reloader = _first_reloader(worker, recipe, interval)
@@ -207,7 +489,7 @@ def _serve(worker: Any, recipe: Recipe, interval: float | None) -> Reloader:
     return reloader
 
 
-def new_reloader(cfg: Any, recipe: Recipe, interval: float | None) -> Reloader:
+def _new_reloader(cfg: Any, recipe: Recipe, interval: float | None) -> Reloader:
     """Where each worker's :class:`~tlsreload_plugins.Reloader` is created, with its metrics when installed."""
     reloader = Reloader(cfg.certfile, cfg.keyfile, recipe=recipe, ca_certs=cfg.ca_certs, interval=interval)
     metrics.observe(reloader)
@@ -224,7 +506,7 @@ def _first_reloader(worker: Any, recipe: Recipe, interval: float | None) -> Relo
     """
 
     def attempt() -> Reloader:
-        return new_reloader(worker.cfg, recipe, interval)
+        return _new_reloader(worker.cfg, recipe, interval)
 
     try:
         return _retry_at_start(attempt)
@@ -261,36 +543,7 @@ def _stop_signals_noted() -> Iterator[threading.Event]:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-def check_at_start(arbiter: Any, interval: float | None = None) -> None:
-    """In the arbiter, before any worker starts (what ``when_ready`` does): stop gunicorn with
-    one clear error when the files cannot make a context or a ``TLSRELOAD_*`` variable is not a
-    number, instead of starting workers that fail."""
-    route_logs(arbiter.log)
-    cfg = arbiter.cfg
-    if not cfg.is_ssl:
-        return
-    files = TLSFiles(cfg.certfile, cfg.keyfile, cfg.ca_certs)
-    try:
-        resolve_interval(interval)
-        resolve_expiry_warning_days()
-        _retry_at_start(lambda: load_identity(files, _gunicorn_recipe(cfg)))
-    except (InvalidIdentity, ValueError) as e:
-        log.error("cannot serve TLS: %s", e)
-        arbiter.halt(reason="the TLS certificate files or settings are not usable", exit_status=1)
-
-
-def _retry_at_start(attempt: Callable[[], T]) -> T:
-    for remaining in reversed(range(BOOT_ATTEMPTS)):
-        try:
-            return attempt()
-        except InvalidIdentity:
-            if not remaining:
-                raise
-            time.sleep(RETRY_DELAY)
-    raise AssertionError("unreachable")
-
-
-def stop_worker() -> None:
+def _stop_worker() -> None:
     """Stop this worker's driver (what ``worker_exit`` does); does nothing in the arbiter."""
     global _serving
     serving = _serving
@@ -300,7 +553,7 @@ def stop_worker() -> None:
     serving.driver.stop()
 
 
-def route_logs(gunicorn_logger: Any) -> None:
+def _route_logs(gunicorn_logger: Any) -> None:
     """Send the ``tlsreload_plugins`` loggers' lines to gunicorn's error log: same handlers,
     format and ``--log-level``, and no second copy through the root logger. Left alone when
     the logging configuration already gave ``tlsreload_plugins`` handlers of its own."""
@@ -314,3 +567,6 @@ def route_logs(gunicorn_logger: Any) -> None:
     package_log.handlers = list(_routed)
     package_log.setLevel(error_log.level)
     package_log.propagate = False
+
+
+_refuse_as_configuration()

@@ -2,11 +2,13 @@
 
     gunicorn -c python:tlsreload_plugins.gunicorn_conf --certfile tls.crt --keyfile tls.key app:app
 
-The files are checked every ``$TLSRELOAD_INTERVAL`` seconds (default 1). With a configuration
-file of your own, add ``add_reload(globals())`` at its end instead (see
-:mod:`tlsreload_plugins.gunicorn`).
+Your own configuration still applies: the one gunicorn would have read without this ``-c``
+(``./gunicorn.conf.py``, or the ``-c`` of ``$GUNICORN_CMD_ARGS``) is read here, as gunicorn
+reads it, and reloading is added to its hooks; ``$GUNICORN_CMD_ARGS`` and the command line
+then apply over it as usual. The files are checked every ``$TLSRELOAD_INTERVAL`` seconds
+(default 1). See :mod:`tlsreload_plugins.gunicorn`.
 """
 
-from tlsreload_plugins.gunicorn import add_reload
+from tlsreload_plugins.gunicorn import _drop_in_settings
 
-add_reload(globals())
+globals().update(_drop_in_settings())

@@ -281,7 +281,8 @@ def _is_encrypted(block: bytes) -> bool:
     return block.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") or b"Proc-Type: 4,ENCRYPTED" in block
 
 
-def _password_bytes(password: Password) -> bytes | None:
+def password_bytes(password: Password) -> bytes | None:
+    """The bytes of ``password`` (calling it when it is a callable, as :mod:`ssl` does)."""
     if callable(password):
         password = password()
     if isinstance(password, str):
@@ -302,7 +303,7 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
                 path=path,
             )
         raise InvalidIdentity(f"key file {path} holds no PEM private key", path=path)
-    secret = _password_bytes(password)
+    secret = password_bytes(password)
     # cryptography's RSA consistency check holds the GIL for ~30 ms (RSA 2048) to ~210 ms (RSA 4096),
     # stalling every handshake in the worker during a reload. Whether the key belongs to the certificate
     # is still checked below (public keys) and by OpenSSL when the context is built.

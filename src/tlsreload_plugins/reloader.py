@@ -16,6 +16,7 @@ that moment).
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import os
 import ssl
@@ -37,6 +38,7 @@ from .identity import (
     TLSFiles,
     fingerprint,
     judge_period,
+    password_bytes,
     password_file,
     read_files,
     validate,
@@ -206,6 +208,8 @@ class Examined:
     error: ReloadError | None = None
     changed_while_building: bool = False
     fixed_changes: tuple[str, ...] = ()
+    password: str = ""
+    """Digest of the key password the content was judged with: a new password is a new verdict."""
 
 
 class Settling:
@@ -444,22 +448,23 @@ class Reloader:
             return Examined(fingerprint=observed, unchanged=True)
         when = datetime.fromtimestamp(now, timezone.utc)
         known = self._known_bad
-        if known is not None and known.fingerprint == observed:
+        password = self._password_digest() if known is not None and known.fingerprint == observed else ""
+        if known is not None and known.fingerprint == observed and known.password == password:
             # Known bad content is not parsed again; only a verdict on its dates can change with time.
             if known.leaf is None:
                 return known
             try:
                 judge_period(known.leaf, self.files, when)
             except InvalidIdentity as e:
-                return Examined(fingerprint=observed, leaf=known.leaf, error=e)
+                return Examined(fingerprint=observed, leaf=known.leaf, error=e, password=password)
         try:
             leaf = validate(snapshot, self.password)
         except InvalidIdentity as e:
-            return Examined(fingerprint=observed, error=e)
+            return Examined(fingerprint=observed, error=e, password=self._password_digest())
         try:
             judge_period(leaf, self.files, when)
         except InvalidIdentity as e:
-            return Examined(fingerprint=observed, leaf=leaf, error=e)
+            return Examined(fingerprint=observed, leaf=leaf, error=e, password=self._password_digest())
         try:
             context = build_context(self.recipe, self.files)
         except InvalidIdentity as e:
@@ -479,6 +484,13 @@ class Reloader:
         return Examined(
             observed, snapshot, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes
         )
+
+    def _password_digest(self) -> str:
+        try:
+            secret = password_bytes(self.password)
+        except Exception as e:  # an unreadable password file: that is the verdict's input too
+            return f"unreadable: {e}"
+        return hashlib.sha256(secret or b"").hexdigest()
 
     def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
         """The deciding half of :meth:`check`: no I/O, called with the state lock held."""

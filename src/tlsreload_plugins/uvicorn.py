@@ -4,7 +4,9 @@ Three ways, one mechanism:
 
 * ``tlsreload-uvicorn app:app --ssl-certfile C --ssl-keyfile K [any uvicorn option]``
   (or ``python -m tlsreload_plugins.uvicorn``) is uvicorn's own command plus
-  ``--tls-reload-interval``; it does the two steps below for you, in every worker.
+  ``--tls-reload-interval`` (or ``$UVICORN_TLS_RELOAD_INTERVAL``): it hands uvicorn's parsed options
+  to the public ``uvicorn.run(..., ssl_context_factory=...)`` with the factory below, whose checks
+  run from each serving process's event loop, so the app needs no change and no lifespan.
 * :func:`reloading_ssl_context` is a ``uvicorn.Config(ssl_context_factory=...)``. uvicorn calls it
   in each serving process; it builds a :class:`~tlsreload_plugins.Reloader` whose recipe is
   uvicorn's own default factory (so verify mode, CA bundle, ciphers, ALPN and key password all
@@ -16,6 +18,9 @@ Three ways, one mechanism:
 When no lifespan can do it (``--lifespan off``, an app that does not speak the lifespan
 protocol, or a factory used without the extension), checks run from the server's event loop
 until the process exits, and a log line says so.
+
+An encrypted key's password comes from ``ssl_keyfile_password`` or, without it, from the first
+line of ``$TLSRELOAD_KEY_PASSWORD_FILE``, read again on every reload (not visible in ``ps``).
 """
 
 from __future__ import annotations
@@ -24,25 +29,32 @@ import asyncio
 import contextlib
 import copy
 import functools
-import importlib
 import inspect
 import logging
 import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import click
-import uvicorn
-from uvicorn.config import STARTUP_FAILURE
-
-from . import metrics
+from . import __version__, metrics
 from .drivers import AsyncioDriver
-from .identity import InvalidIdentity, TLSFiles, read_files, validate
-from .reloader import INTERVAL_ENV, Reloader, resolve_expiry_warning_days, resolve_interval
+from .identity import InvalidIdentity, Password, TLSFiles, read_files, validate
+from .reloader import (
+    INTERVAL_ENV,
+    MIN_INTERVAL,
+    Reloader,
+    resolve_expiry_warning_days,
+    resolve_interval,
+    resolve_password,
+)
+
+if TYPE_CHECKING:  # uvicorn and click are the [uvicorn] extra: imported where used, so that a missing
+    import click  # extra is one clear line, not a ModuleNotFoundError from this module's import
+    import uvicorn
 
 __all__ = [
     "LIFESPAN_GRACE",
+    "STARTUP_FAILURE",
     "TLSReloadLifespan",
     "main",
     "reloaders",
@@ -57,6 +69,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+STARTUP_FAILURE = 3
+"""Exit status when the certificate files or settings are not usable at start-up: uvicorn's own
+(``uvicorn.main.STARTUP_FAILURE``; uvicorn >= 0.50 also has ``uvicorn.config.STARTUP_FAILURE``)."""
 
 LIFESPAN_GRACE = 30.0
 """Seconds after start-up after which a reloader that no lifespan is checking gets checked anyway
@@ -80,7 +96,7 @@ def reloaders() -> list[Reloader]:
 def _claim() -> list[AsyncioDriver]:
     """A driver for every registered reloader nothing checks yet (not started)."""
     global _said_nothing_to_reload
-    _route_logs_to_uvicorn()
+    _route_logs()
     if not _drivers and not _said_nothing_to_reload:
         _said_nothing_to_reload = True
         log.warning(
@@ -123,32 +139,76 @@ def reloading_ssl_context(
     """``uvicorn.Config(ssl_context_factory=...)``: a context that follows the files on disk.
 
     Reads ``ssl_certfile``, ``ssl_keyfile``, ``ssl_ca_certs`` and ``ssl_keyfile_password`` from
-    ``config``; ``interval`` defaults to ``$TLSRELOAD_INTERVAL``, else 1 s. For another interval,
-    pass ``functools.partial(reloading_ssl_context, interval=5)`` (a partial of this module-level
-    function still pickles, which ``--workers`` and ``--reload`` need). Files that are not usable
-    at start-up log one error and exit with uvicorn's start-up failure code (3).
+    ``config`` (without a password there, the first line of ``$TLSRELOAD_KEY_PASSWORD_FILE``,
+    read again on every reload); ``interval`` defaults to ``$TLSRELOAD_INTERVAL``, else 1 s. For
+    another interval, pass ``functools.partial(reloading_ssl_context, interval=5)`` (a partial of
+    this module-level function still pickles, which ``--workers`` and ``--reload`` need). Files
+    that are not usable at start-up log one error and exit with :data:`STARTUP_FAILURE` (3).
     """
-    _route_logs_to_uvicorn()
-    if not config.ssl_certfile:
-        log.error("tlsreload needs ssl_certfile (and usually ssl_keyfile) set on the uvicorn Config")
-        sys.exit(STARTUP_FAILURE)
-    try:
-        # The one place this module makes a Reloader.
-        reloader = Reloader(
-            str(config.ssl_certfile),
-            str(config.ssl_keyfile) if config.ssl_keyfile else None,
-            recipe=default_factory,
-            ca_certs=str(config.ssl_ca_certs) if config.ssl_ca_certs else None,
-            password=config.ssl_keyfile_password,
-            interval=interval,
-        )
-    except (InvalidIdentity, ValueError) as e:  # ValueError: a bad $TLSRELOAD_INTERVAL or expiry setting
-        log.error("cannot serve TLS: %s", e)
-        sys.exit(STARTUP_FAILURE)
-    metrics.observe(reloader)
+    reloader = _new_reloader(config, default_factory, interval)
     _drivers[reloader] = None
     _arrange_checks(config, reloader)
     return reloader.context
+
+
+def _drop_in_ssl_context(
+    config: uvicorn.Config, default_factory: Callable[[], ssl.SSLContext], *, interval: float | None = None
+) -> ssl.SSLContext:
+    """The factory of ``tlsreload-uvicorn``: as :func:`reloading_ssl_context`, checking from the server's
+    event loop (uvicorn calls it there, in each serving process) until the process exits, so that the
+    app needs no lifespan extension."""
+    reloader = _new_reloader(config, default_factory, interval)
+    _drivers[reloader] = None
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        log.error(
+            "uvicorn built its TLS context outside its event loop: %s will NOT be reloaded", reloader.files.describe()
+        )
+        return reloader.context
+    _check_until_exit(logging.DEBUG, "tlsreload-uvicorn")
+    return reloader.context
+
+
+def _new_reloader(
+    config: uvicorn.Config, default_factory: Callable[[], ssl.SSLContext], interval: float | None
+) -> Reloader:
+    """The one place this module makes a Reloader: uvicorn's own default factory as its recipe."""
+    _route_logs()
+    if not config.ssl_certfile:
+        _startup_failure("tlsreload needs ssl_certfile (and usually ssl_keyfile) set on the uvicorn Config")
+    password = resolve_password(config.ssl_keyfile_password)
+    recipe = default_factory
+    if config.ssl_keyfile_password is None and password is not None:
+
+        def recipe() -> ssl.SSLContext:
+            # uvicorn's default factory reads the password from its Config on every call.
+            config.ssl_keyfile_password = _password_text(password)
+            return default_factory()
+
+    try:
+        reloader = Reloader(
+            str(config.ssl_certfile),
+            str(config.ssl_keyfile) if config.ssl_keyfile else None,
+            recipe=recipe,
+            ca_certs=str(config.ssl_ca_certs) if config.ssl_ca_certs else None,
+            password=password,
+            interval=interval,
+        )
+    except (InvalidIdentity, ValueError) as e:  # ValueError: a bad $TLSRELOAD_INTERVAL or expiry setting
+        _startup_failure(f"cannot serve TLS: {e}")
+    metrics.observe(reloader)
+    return reloader
+
+
+def _password_text(password: Password) -> str | None:
+    value = password() if callable(password) else password
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _startup_failure(message: str) -> NoReturn:
+    log.error("%s", message)
+    sys.exit(STARTUP_FAILURE)
 
 
 def _arrange_checks(config: uvicorn.Config, reloader: Reloader) -> None:
@@ -245,7 +305,7 @@ class _ToUvicorn(logging.Handler):
         logging.getLogger("uvicorn.error").handle(record)
 
 
-def _route_logs_to_uvicorn() -> None:
+def _route_logs() -> None:
     """Show tlsreload's lines as uvicorn shows its own: its handlers, its format, its --log-level.
 
     Left alone when the application configured logging itself (a handler on the root logger or on
@@ -260,79 +320,125 @@ def _route_logs_to_uvicorn() -> None:
 
 
 # -- the drop-in command -------------------------------------------------------------------
+# uvicorn's own command-line options (the click parameters of `uvicorn.main`), passed to the public
+# `uvicorn.run(...)` with `ssl_context_factory`: every option keeps uvicorn's meaning, and nothing of
+# uvicorn is replaced.
+
+MISSING_EXTRA = "pip install 'tlsreload-plugins[uvicorn]'"
 
 
-class _DropInConfig(uvicorn.Config):
-    """uvicorn's Config plus the reloading factory and the lifespan extension.
+def _run(tls_reload_interval: float | None, **options: Any) -> None:
+    import click
+    import uvicorn
 
-    Built in the command's process; ``--workers`` and ``--reload`` children receive it pickled and
-    call :meth:`load` themselves, so each one gets its own reloader and extension.
-    """
-
-    def __init__(self, app: Any, *, tls_reload_interval: float | None = None, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)  # configures logging
-        _route_logs_to_uvicorn()
-        self.tls_reload = bool(self.ssl_certfile)
-        if not self.tls_reload:
-            log.warning("no --ssl-certfile given: serving without TLS, nothing to reload")
-            return
-        self.ssl_context_factory = functools.partial(reloading_ssl_context, interval=tls_reload_interval)
-        # Fail here, once, rather than in every worker.
-        files = TLSFiles(
-            str(self.ssl_certfile),
-            str(self.ssl_keyfile) if self.ssl_keyfile else None,
-            str(self.ssl_ca_certs) if self.ssl_ca_certs else None,
+    kwargs = _run_arguments(options)
+    if options.get("ssl_keyfile") and not options.get("ssl_certfile"):
+        raise click.UsageError(
+            "--ssl-keyfile needs --ssl-certfile (the key may be in the certificate file, not the other way round)"
         )
-        try:
-            validate(read_files(files), self.ssl_keyfile_password)
-        except InvalidIdentity as e:
-            log.error("cannot serve TLS: %s", e)
-            sys.exit(STARTUP_FAILURE)
-
-    def load(self) -> None:
-        super().load()
-        if self.tls_reload and self.lifespan != "off":
-            # Outermost, after uvicorn's own wrapping: --factory, --interface and proxy headers still apply.
-            self.loaded_app = TLSReloadLifespan(self.loaded_app)
-
-
-def _run(tls_reload_interval: float | None, **uvicorn_options: Any) -> None:
-    if "ssl_context_factory" not in inspect.signature(uvicorn.Config).parameters:
-        click.echo(f"tlsreload-uvicorn needs uvicorn 0.47 or newer; this is uvicorn {uvicorn.__version__}", err=True)
-        sys.exit(STARTUP_FAILURE)
+    # uvicorn's logging and --env-file now, for what follows; uvicorn.run sets them up again the same way.
+    logging_options = ("env_file", "log_config", "log_level", "use_colors")
+    uvicorn.Config(kwargs["app"], **{name: kwargs[name] for name in logging_options if name in kwargs})
+    _route_logs()
     try:
         resolve_interval(tls_reload_interval)
         resolve_expiry_warning_days()
+        password = resolve_password(options.get("ssl_keyfile_password"))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    # uvicorn's command builds its Config through the module global `Config` of uvicorn.main; run
-    # that very command with ours in its place, so that every option keeps uvicorn's own meaning.
-    uvicorn_main: Any = importlib.import_module("uvicorn.main")  # `uvicorn.main` is the command, not the module
-    original = uvicorn_main.Config
-    uvicorn_main.Config = functools.partial(_DropInConfig, tls_reload_interval=tls_reload_interval)
+    if not options.get("ssl_certfile"):
+        log.warning("no --ssl-certfile given: serving without TLS, nothing to reload")
+        uvicorn.run(**kwargs)
+        return
+    # Fail here, once, rather than in every worker.
+    files = TLSFiles(
+        str(options["ssl_certfile"]),
+        str(options["ssl_keyfile"]) if options.get("ssl_keyfile") else None,
+        str(options["ssl_ca_certs"]) if options.get("ssl_ca_certs") else None,
+    )
     try:
-        uvicorn.main.callback(**uvicorn_options)  # type: ignore[misc]
-    finally:
-        uvicorn_main.Config = original
+        validate(read_files(files), password)
+    except InvalidIdentity as e:
+        _startup_failure(f"cannot serve TLS: {e}")
+    uvicorn.run(**kwargs, ssl_context_factory=functools.partial(_drop_in_ssl_context, interval=tls_reload_interval))
+
+
+def _run_arguments(options: dict[str, Any]) -> dict[str, Any]:
+    """``uvicorn.run`` keyword arguments for uvicorn's parsed command-line ``options``, as uvicorn's command
+    passes them (``uvicorn/main.py``, ``main``): unset options are left to ``uvicorn.run``'s defaults and
+    ``--header`` values become (name, value) pairs. Guard: an option ``uvicorn.run`` does not take, or a
+    ``uvicorn.run`` without ``ssl_context_factory``, stops the command with one line."""
+    import uvicorn
+
+    accepted = inspect.signature(uvicorn.run).parameters
+    if "ssl_context_factory" not in accepted:
+        _refuse(f"tlsreload-uvicorn needs uvicorn 0.47 or newer; this is uvicorn {uvicorn.__version__}")
+    unknown = sorted(name for name in options if name not in accepted)
+    if unknown:
+        _refuse(
+            f"tlsreload-uvicorn does not know how uvicorn {uvicorn.__version__} passes "
+            f"{', '.join(unknown)} to uvicorn.run(): use a tlsreload-plugins release that supports it"
+        )
+    kwargs = {name: value for name, value in options.items() if value is not None and value != ()}
+    if kwargs.get("headers"):
+        kwargs["headers"] = [
+            header.split(":", 1) if isinstance(header, str) else header for header in kwargs["headers"]
+        ]
+    return kwargs
+
+
+def _refuse(message: str) -> NoReturn:
+    print(message, file=sys.stderr)
+    sys.exit(STARTUP_FAILURE)
 
 
 def _command() -> click.Command:
-    command = copy.copy(uvicorn.main)
+    import click
+    import uvicorn
+
+    stock = uvicorn.main
+    if not isinstance(stock, click.Command) or not any(param.name == "ssl_certfile" for param in stock.params):
+        _refuse(f"tlsreload-uvicorn cannot find uvicorn {uvicorn.__version__}'s command-line options (uvicorn.main)")
+    command = copy.copy(stock)
     interval = click.Option(
         ["--tls-reload-interval"],
-        type=click.FloatRange(min=0, min_open=True),
+        type=click.FloatRange(min=MIN_INTERVAL),
         default=None,
-        allow_from_autoenv=False,
         help=f"Seconds between checks of the TLS certificate files. Defaults to ${INTERVAL_ENV}, else 1.",
     )
-    after_ssl = max(i for i, param in enumerate(command.params) if (param.name or "").startswith("ssl_")) + 1
-    command.params = [*command.params[:after_ssl], interval, *command.params[after_ssl:]]
+    params = [_with_our_version(param) if param.name == "version" else param for param in command.params]
+    after_ssl = max(i for i, param in enumerate(params) if (param.name or "").startswith("ssl_")) + 1
+    command.params = [*params[:after_ssl], interval, *params[after_ssl:]]
     command.callback = _run
     return command
 
 
+def _with_our_version(param: click.Parameter) -> click.Parameter:
+    """uvicorn's ``--version``, followed by a line naming this package."""
+    import click
+
+    stock_callback = param.callback
+    param = copy.copy(param)
+
+    def print_versions(ctx: click.Context, this: click.Parameter, value: Any) -> Any:
+        try:
+            return stock_callback(ctx, this, value) if stock_callback is not None else value
+        except click.exceptions.Exit:
+            click.echo(f"with tlsreload-plugins {__version__}")
+            raise
+
+    param.callback = print_versions
+    return param
+
+
 def main(args: Sequence[str] | None = None) -> None:
     """``tlsreload-uvicorn``: uvicorn's command line, reloading certificates."""
+    try:
+        import click  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        print(f"tlsreload-uvicorn needs uvicorn, which is not installed ({e}): {MISSING_EXTRA}", file=sys.stderr)
+        sys.exit(1)
     _command().main(args=args)
 
 

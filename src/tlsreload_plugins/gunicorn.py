@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib
 import importlib.machinery
 import importlib.util
@@ -57,6 +58,7 @@ from typing import Any, TypeVar
 from . import metrics
 from .drivers import ThreadDriver
 from .identity import InvalidIdentity, Password, TLSFiles
+from .lastgood import LastGood, RecipeFor, SharedStore
 from .reloader import (
     Recipe,
     Reloader,
@@ -117,6 +119,12 @@ _routed: list[logging.Handler] = []
 
 _building = threading.local()
 """Set while a reload calls gunicorn's factory, so that our own hook hands it the user's context."""
+
+_last_good: SharedStore | None = None
+"""The newest identity any worker served, in memory shared by the arbiter and every worker it forks
+(created in the arbiter before the first fork): a worker that starts while the files are broken
+serves it. Shared memory rather than the arbiter reading the files in a thread: a fork() while
+another thread is inside OpenSSL could leave the child's OpenSSL locks held forever."""
 
 _chained_config: str | None = None
 """The configuration the drop-in applied besides itself (``./gunicorn.conf.py``, ...), for the start-up log."""
@@ -348,10 +356,18 @@ def _check_at_start(arbiter: Any, interval: float | None = None) -> None:
         password = resolve_password(None)
         _prepare_uvicorn_worker(cfg)
         files = TLSFiles(cfg.certfile, cfg.keyfile, cfg.ca_certs)
-        _retry_at_start(lambda: load_identity(files, _gunicorn_recipe(cfg), password))
+        snapshot, _, _ = _retry_at_start(lambda: load_identity(files, _gunicorn_recipe(cfg), password))
+        _last_good_store().write(snapshot)
     except (InvalidIdentity, ValueError) as e:  # ValueError: a bad setting
         log.error("cannot serve TLS: %s", e)
         arbiter.halt(reason="the TLS certificate files or settings are not usable", exit_status=STARTUP_FAILURE)
+
+
+def _last_good_store() -> SharedStore:
+    global _last_good
+    if _last_good is None:
+        _last_good = SharedStore()
+    return _last_good
 
 
 def _retry_at_start(attempt: Callable[[], T]) -> T:
@@ -414,7 +430,11 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, interval: float
             sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR: the arbiter stops with "Worker failed to boot."
         _uvicorn_worker = _UvicornWorkerSetUp(os.getpid(), worker, user_ssl_context, interval)
         return
-    _serve(worker, _gunicorn_recipe(worker.cfg), interval)
+
+    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
+        return _gunicorn_recipe(_with_files(worker.cfg, files))()
+
+    _serve(worker, _gunicorn_recipe(worker.cfg), interval, recipe_for)
 
 
 def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
@@ -431,7 +451,24 @@ def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLCo
             config.ssl_keyfile_password = _password_text(password)
         return set_up.user_ssl_context(set_up.worker.cfg, default_factory)
 
-    return _serve(set_up.worker, recipe, set_up.interval).context
+    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
+        from uvicorn.config import create_ssl_context
+
+        def uvicorn_factory() -> ssl.SSLContext:  # uvicorn's default factory (uvicorn/config.py), on `files`
+            secret = _password_text(password) if password is not None else config.ssl_keyfile_password
+            return create_ssl_context(
+                keyfile=files.keyfile,
+                certfile=files.certfile,
+                password=secret,
+                ssl_version=config.ssl_version,
+                cert_reqs=config.ssl_cert_reqs,
+                ca_certs=files.ca_certs,
+                ciphers=config.ssl_ciphers,
+            )
+
+        return set_up.user_ssl_context(_with_files(set_up.worker.cfg, files), uvicorn_factory)
+
+    return _serve(set_up.worker, recipe, set_up.interval, recipe_for).context
 
 
 def _password_text(password: Password) -> str | None:
@@ -480,24 +517,39 @@ def _factory_with_password(conf: Any, password: Password) -> Callable[[], ssl.SS
     return factory
 
 
-def _serve(worker: Any, recipe: Recipe, interval: float | None) -> Reloader:
+def _with_files(cfg: Any, files: TLSFiles) -> Any:
+    """A copy of gunicorn's configuration ``cfg`` naming other certificate, key and CA files."""
+    conf = copy.copy(cfg)
+    conf.settings = dict(cfg.settings)
+    for name, path in (("certfile", files.certfile), ("keyfile", files.keyfile), ("ca_certs", files.ca_certs)):
+        setting = copy.copy(cfg.settings[name])
+        setting.value = path
+        conf.settings[name] = setting
+    return conf
+
+
+def _serve(worker: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor) -> Reloader:
     global _serving
-    reloader = _first_reloader(worker, recipe, interval)
+    reloader = _first_reloader(worker, recipe, interval, recipe_for)
     driver = ThreadDriver(reloader)
     _serving = _Serving(os.getpid(), reloader, driver)
     driver.start()
     return reloader
 
 
-def _new_reloader(cfg: Any, recipe: Recipe, interval: float | None) -> Reloader:
+def _new_reloader(cfg: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor) -> Reloader:
     """Where each worker's :class:`~tlsreload_plugins.Reloader` is created, with its metrics when installed."""
-    reloader = Reloader(cfg.certfile, cfg.keyfile, recipe=recipe, ca_certs=cfg.ca_certs, interval=interval)
+    last_good = LastGood(_last_good, recipe_for) if _last_good is not None else None
+    reloader = Reloader(
+        cfg.certfile, cfg.keyfile, recipe=recipe, ca_certs=cfg.ca_certs, interval=interval, last_good=last_good
+    )
     metrics.observe(reloader)
     return reloader
 
 
-def _first_reloader(worker: Any, recipe: Recipe, interval: float | None) -> Reloader:
-    """Build the worker's reloader; while the files are unusable, wait for usable ones.
+def _first_reloader(worker: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor) -> Reloader:
+    """Build the worker's reloader: from the files, else from the last good identity the server
+    served; while neither is usable (the last good one expired), wait for usable files.
 
     Only a worker started after the arbiter's own check (a ``max_requests`` restart, a crash,
     a HUP) can get here with unusable files. Exiting would stop gunicorn (a boot error) or loop
@@ -506,7 +558,7 @@ def _first_reloader(worker: Any, recipe: Recipe, interval: float | None) -> Relo
     """
 
     def attempt() -> Reloader:
-        return _new_reloader(worker.cfg, recipe, interval)
+        return _new_reloader(worker.cfg, recipe, interval, recipe_for)
 
     try:
         return _retry_at_start(attempt)

@@ -31,14 +31,20 @@ import copy
 import functools
 import inspect
 import logging
+import os
+import signal
 import ssl
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__, metrics
 from .drivers import AsyncioDriver
-from .identity import InvalidIdentity, Password, TLSFiles, read_files, validate
+from .identity import InvalidIdentity, Password, TLSFiles, fingerprint, judge_period, read_files, validate
+from .lastgood import CopyStore, LastGood
 from .reloader import (
     INTERVAL_ENV,
     MIN_INTERVAL,
@@ -77,6 +83,9 @@ STARTUP_FAILURE = 3
 LIFESPAN_GRACE = 30.0
 """Seconds after start-up after which a reloader that no lifespan is checking gets checked anyway
 (with a warning): the app was not wrapped with :class:`TLSReloadLifespan`."""
+
+RETRY_DELAY = 0.5
+"""Seconds between tries of a replacement process that has nothing valid to serve yet."""
 
 _LIFESPAN_ENDS = frozenset({"lifespan.startup.failed", "lifespan.shutdown.complete", "lifespan.shutdown.failed"})
 
@@ -152,12 +161,19 @@ def reloading_ssl_context(
 
 
 def _drop_in_ssl_context(
-    config: uvicorn.Config, default_factory: Callable[[], ssl.SSLContext], *, interval: float | None = None
+    config: uvicorn.Config,
+    default_factory: Callable[[], ssl.SSLContext],
+    *,
+    interval: float | None = None,
+    last_good: CopyStore | None = None,
 ) -> ssl.SSLContext:
     """The factory of ``tlsreload-uvicorn``: as :func:`reloading_ssl_context`, checking from the server's
     event loop (uvicorn calls it there, in each serving process) until the process exits, so that the
-    app needs no lifespan extension."""
-    reloader = _new_reloader(config, default_factory, interval)
+    app needs no lifespan extension. ``last_good`` arrives pickled with the factory in each process
+    uvicorn's supervisor starts, holding what the parent last found valid: a child started while the
+    files are broken serves it (or, when it expired, waits for usable files instead of exiting with
+    :data:`STARTUP_FAILURE`, on which uvicorn's supervisor stops the whole server)."""
+    reloader = _new_reloader(config, default_factory, interval, last_good)
     _drivers[reloader] = None
     try:
         asyncio.get_running_loop()
@@ -171,7 +187,10 @@ def _drop_in_ssl_context(
 
 
 def _new_reloader(
-    config: uvicorn.Config, default_factory: Callable[[], ssl.SSLContext], interval: float | None
+    config: uvicorn.Config,
+    default_factory: Callable[[], ssl.SSLContext],
+    interval: float | None,
+    last_good: CopyStore | None = None,
 ) -> Reloader:
     """The one place this module makes a Reloader: uvicorn's own default factory as its recipe."""
     _route_logs()
@@ -186,19 +205,85 @@ def _new_reloader(
             config.ssl_keyfile_password = _password_text(password)
             return default_factory()
 
-    try:
-        reloader = Reloader(
+    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
+        from uvicorn.config import create_ssl_context
+
+        # uvicorn's default factory (uvicorn/config.py, Config.load), on other files.
+        return create_ssl_context(
+            keyfile=files.keyfile,
+            certfile=files.certfile,
+            password=_password_text(password) if password is not None else None,
+            ssl_version=config.ssl_version,
+            cert_reqs=config.ssl_cert_reqs,
+            ca_certs=files.ca_certs,
+            ciphers=config.ssl_ciphers,
+        )
+
+    def attempt() -> Reloader:
+        return Reloader(
             str(config.ssl_certfile),
             str(config.ssl_keyfile) if config.ssl_keyfile else None,
             recipe=recipe,
             ca_certs=str(config.ssl_ca_certs) if config.ssl_ca_certs else None,
             password=password,
             interval=interval,
+            last_good=LastGood(last_good, recipe_for) if last_good is not None else None,
         )
-    except (InvalidIdentity, ValueError) as e:  # ValueError: a bad $TLSRELOAD_INTERVAL or expiry setting
+
+    try:
+        reloader = attempt()
+    except ValueError as e:  # a bad $TLSRELOAD_INTERVAL or expiry setting
         _startup_failure(f"cannot serve TLS: {e}")
+    except InvalidIdentity as e:
+        if last_good is None or last_good.read() is None:  # the server's very first start
+            _startup_failure(f"cannot serve TLS: {e}")
+        reloader = _wait_for_usable_files(attempt, e)
     metrics.observe(reloader)
     return reloader
+
+
+def _wait_for_usable_files(attempt: Callable[[], Reloader], error: InvalidIdentity) -> Reloader:
+    """A replacement process with nothing to serve: wait, answering uvicorn's health checks (its own
+    thread does) and leaving at SIGTERM, rather than exit with the start-up failure code."""
+    log.error("process %s cannot load the TLS files and waits for usable ones before serving: %s", os.getpid(), error)
+    stopping = threading.Event()
+    stops = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda signum, frame: stopping.set()) for sig in stops}
+    try:
+        while not stopping.wait(RETRY_DELAY):
+            try:
+                reloader = attempt()
+            except InvalidIdentity:
+                continue
+            log.info("process %s: the TLS files are usable again; serving", os.getpid())
+            return reloader
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    sys.exit(0)
+
+
+def _keep_last_good(files: TLSFiles, password: Password, store: CopyStore, interval: float) -> None:
+    """In the parent of ``--workers`` processes: keep ``store`` holding the newest valid identity on
+    disk, for the children uvicorn's supervisor starts later (each gets a pickled copy). A thread is
+    safe here: uvicorn starts its children with ``spawn`` (a fresh interpreter), not a bare fork."""
+
+    def keep() -> None:
+        kept = ""
+        while True:
+            time.sleep(interval)
+            try:
+                snapshot = read_files(files)
+                if fingerprint(snapshot) == kept:
+                    continue
+                leaf = validate(snapshot, password)
+                judge_period(leaf, files, datetime.now(timezone.utc))
+            except Exception:  # the serving processes report what is wrong; here nothing is served
+                continue
+            store.write(snapshot)
+            kept = fingerprint(snapshot)
+
+    threading.Thread(target=keep, name="tlsreload-last-good", daemon=True).start()
 
 
 def _password_text(password: Password) -> str | None:
@@ -357,10 +442,17 @@ def _run(tls_reload_interval: float | None, **options: Any) -> None:
         str(options["ssl_ca_certs"]) if options.get("ssl_ca_certs") else None,
     )
     try:
-        validate(read_files(files), password)
+        snapshot = read_files(files)
+        validate(snapshot, password)
     except InvalidIdentity as e:
         _startup_failure(f"cannot serve TLS: {e}")
-    uvicorn.run(**kwargs, ssl_context_factory=functools.partial(_drop_in_ssl_context, interval=tls_reload_interval))
+    store = CopyStore()
+    store.write(snapshot)
+    workers = kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
+    if workers > 1 or kwargs.get("reload"):  # a supervisor that starts serving processes later
+        _keep_last_good(files, password, store, resolve_interval(tls_reload_interval))
+    factory = functools.partial(_drop_in_ssl_context, interval=tls_reload_interval, last_good=store)
+    uvicorn.run(**kwargs, ssl_context_factory=factory)
 
 
 def _run_arguments(options: dict[str, Any]) -> dict[str, Any]:

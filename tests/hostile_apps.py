@@ -1,0 +1,75 @@
+"""Apps for the hostile-files tests: ``/`` answers ``pid=<worker pid>`` (as :mod:`gunicorn_apps`), ``/status``
+the JSON of this worker's reloaders' ``status()`` and ``/metrics`` prometheus_client's in-process registry.
+
+Every response carries the worker's pid in an ``x-worker-pid`` header, so a test knows whose status it read.
+The reloaders are found in whichever adapter this process runs: ``tlsreload_plugins.gunicorn.worker_reloader()``
+(every gunicorn worker class, ``UvicornWorker`` included) and ``tlsreload_plugins.uvicorn.reloaders()``
+(``tlsreload-uvicorn``). Neither adapter is imported here: one that is not loaded has no reloader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import prometheus_client
+
+import gunicorn_apps
+from gunicorn_apps import Receive, Send
+
+
+def reloaders() -> list[Any]:
+    """The reloaders serving TLS in this process."""
+    found: list[Any] = []
+    uvicorn_adapter = sys.modules.get("tlsreload_plugins.uvicorn")
+    if uvicorn_adapter is not None:
+        found.extend(uvicorn_adapter.reloaders())
+    gunicorn_adapter = sys.modules.get("tlsreload_plugins.gunicorn")
+    if gunicorn_adapter is not None:
+        own = gunicorn_adapter.worker_reloader()
+        if own is not None and own not in found:
+            found.append(own)
+    return found
+
+
+def status_json() -> bytes:
+    """``{"pid": ..., "reloaders": [status, ...]}`` with each ``Status`` as a dict (datetimes as text)."""
+    statuses = [dataclasses.asdict(reloader.status()) for reloader in reloaders()]
+    return json.dumps({"pid": os.getpid(), "reloaders": statuses}, default=str).encode()
+
+
+ROUTES: dict[str, tuple[Callable[[], bytes], str]] = {
+    "/status": (status_json, "application/json"),
+    "/metrics": (prometheus_client.generate_latest, prometheus_client.CONTENT_TYPE_LATEST),
+}
+
+
+def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    route = ROUTES.get(environ.get("PATH_INFO", "/"))
+    if route is None:
+        return gunicorn_apps.wsgi(environ, start_response)
+    produce, content_type = route
+    body = produce()
+    headers = [("Content-Type", content_type), ("Content-Length", str(len(body))), ("X-Worker-Pid", str(os.getpid()))]
+    start_response("200 OK", headers)
+    return [body]
+
+
+async def asgi(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    route = ROUTES.get(scope.get("path", "/")) if scope["type"] == "http" else None
+    if route is None:
+        await gunicorn_apps.asgi(scope, receive, send)
+        return
+    produce, content_type = route
+    body = produce()
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-worker-pid", str(os.getpid()).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -29,12 +29,25 @@ import shutil
 import ssl
 import struct
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Protocol
 
-from .identity import MAX_FILE_BYTES, InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, judge_period, validate
+from .identity import (
+    MAX_FILE_BYTES,
+    InvalidIdentity,
+    Leaf,
+    Password,
+    Snapshot,
+    TLSFiles,
+    fingerprint,
+    judge_period,
+    read_files,
+    validate,
+)
 
 RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
 """Builds the server's context exactly as it does from its configured files, but from ``files``."""
@@ -195,3 +208,32 @@ class LastGood:
             except Exception as e:
                 raise InvalidIdentity(f"the last good certificate could not be loaded: {type(e).__name__}: {e}") from e
         return snapshot, leaf, context
+
+
+def keep_newest_valid(files: TLSFiles, password: Password, store: Store, interval: float) -> threading.Thread:
+    """Keep ``store`` holding the newest valid identity at ``files``, checked every ``interval`` seconds
+    in a daemon thread; returns the thread.
+
+    For the parent of a server that starts its workers with ``spawn`` (uvicorn's ``--workers``,
+    hypercorn's): each child it starts later gets a pickled copy of the store. A thread is safe in
+    such a parent: its children start as fresh interpreters, not as a bare ``fork()`` of it.
+    """
+
+    def keep() -> None:
+        kept = ""
+        while True:
+            time.sleep(interval)
+            try:
+                snapshot = read_files(files)
+                if fingerprint(snapshot) == kept:
+                    continue
+                leaf = validate(snapshot, password)
+                judge_period(leaf, files, datetime.now(timezone.utc))
+            except Exception:  # the serving processes report what is wrong; nothing is served here
+                continue
+            store.write(snapshot)
+            kept = fingerprint(snapshot)
+
+    thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)
+    thread.start()
+    return thread

@@ -36,15 +36,13 @@ import signal
 import ssl
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__, metrics
 from .drivers import AsyncioDriver
-from .identity import InvalidIdentity, Password, TLSFiles, fingerprint, judge_period, read_files, validate
-from .lastgood import CopyStore, LastGood
+from .identity import InvalidIdentity, Password, TLSFiles, read_files, validate
+from .lastgood import CopyStore, LastGood, keep_newest_valid
 from .reloader import (
     INTERVAL_ENV,
     MIN_INTERVAL,
@@ -263,29 +261,6 @@ def _wait_for_usable_files(attempt: Callable[[], Reloader], error: InvalidIdenti
     sys.exit(0)
 
 
-def _keep_last_good(files: TLSFiles, password: Password, store: CopyStore, interval: float) -> None:
-    """In the parent of ``--workers`` processes: keep ``store`` holding the newest valid identity on
-    disk, for the children uvicorn's supervisor starts later (each gets a pickled copy). A thread is
-    safe here: uvicorn starts its children with ``spawn`` (a fresh interpreter), not a bare fork."""
-
-    def keep() -> None:
-        kept = ""
-        while True:
-            time.sleep(interval)
-            try:
-                snapshot = read_files(files)
-                if fingerprint(snapshot) == kept:
-                    continue
-                leaf = validate(snapshot, password)
-                judge_period(leaf, files, datetime.now(timezone.utc))
-            except Exception:  # the serving processes report what is wrong; here nothing is served
-                continue
-            store.write(snapshot)
-            kept = fingerprint(snapshot)
-
-    threading.Thread(target=keep, name="tlsreload-last-good", daemon=True).start()
-
-
 def _password_text(password: Password) -> str | None:
     value = password() if callable(password) else password
     return value.decode() if isinstance(value, bytes) else value
@@ -450,7 +425,7 @@ def _run(tls_reload_interval: float | None, **options: Any) -> None:
     store.write(snapshot)
     workers = kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     if workers > 1 or kwargs.get("reload"):  # a supervisor that starts serving processes later
-        _keep_last_good(files, password, store, resolve_interval(tls_reload_interval))
+        keep_newest_valid(files, password, store, resolve_interval(tls_reload_interval))
     factory = functools.partial(_drop_in_ssl_context, interval=tls_reload_interval, last_good=store)
     uvicorn.run(**kwargs, ssl_context_factory=factory)
 

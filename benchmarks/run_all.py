@@ -33,6 +33,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "rotation_latency": [],
     "rotation_handshakes": ["--stock"],
     "hostile_stall": [],
+    "hypercorn_throughput": [],
+    "sni_handshakes": [],
 }
 
 

@@ -23,16 +23,12 @@ from gunicorn_apps import Receive, Send
 
 
 def reloaders() -> list[Any]:
-    """The reloaders serving TLS in this process."""
+    """The reloaders serving TLS in this process, from whichever adapter runs it."""
     found: list[Any] = []
-    uvicorn_adapter = sys.modules.get("tlsreload_plugins.uvicorn")
-    if uvicorn_adapter is not None:
-        found.extend(uvicorn_adapter.reloaders())
-    gunicorn_adapter = sys.modules.get("tlsreload_plugins.gunicorn")
-    if gunicorn_adapter is not None:
-        own = gunicorn_adapter.worker_reloader()
-        if own is not None and own not in found:
-            found.append(own)
+    for name in ("uvicorn", "gunicorn", "hypercorn"):
+        adapter = sys.modules.get(f"tlsreload_plugins.{name}")
+        if adapter is not None:
+            found.extend(reloader for reloader in adapter.reloaders() if reloader not in found)
     return found
 
 

@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hostile import FILE_OF_CASE, HOSTILE, place_good
 from test_gunicorn import ASGI_WORKERS, DROP_IN, UVICORN, WAITING, fetch, gunicorn, wait_every_worker
+from test_hypercorn import drop_in as hypercorn_drop_in
 from test_uvicorn import drop_in
 from tlstest import Hammer, RenameEachLayout, Server, client_context, free_port, handshake, run_server, wait_until
 
@@ -58,7 +59,7 @@ FAILED = "certificate reload failed"
 FAILED_TO_BOOT = "Worker failed to boot"
 
 GUNICORN_CLASSES = ["sync", "gthread", "gevent", "asgi", UVICORN]
-SERVERS = [*GUNICORN_CLASSES, "tlsreload-uvicorn"]
+SERVERS = [*GUNICORN_CLASSES, "tlsreload-uvicorn", "tlsreload-hypercorn"]
 CASES = list(HOSTILE)
 
 # Caps the data segment, then runs the rest of the command line with this Python (limits survive exec).
@@ -89,6 +90,8 @@ def server_args(kind: str, port: int, layout: RenameEachLayout, *extra: str) -> 
     """The command line for one server kind: gunicorn through the drop-in configuration, or tlsreload-uvicorn."""
     if kind == "tlsreload-uvicorn":
         return drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
+    if kind == "tlsreload-hypercorn":
+        return hypercorn_drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
     args = gunicorn(port, layout.cert_path, layout.key_path, "-c", DROP_IN, *extra, worker_class=kind)
     args[-1] = "hostile_apps:asgi" if kind in ASGI_WORKERS else "hostile_apps:wsgi"
     return args

@@ -4,10 +4,13 @@ The drop-in runs as ``python -m tlsreload_plugins.hypercorn`` (the console scrip
 with the asyncio and trio worker classes, from command-line options and from a ``-c`` TOML file; the
 programmatic way runs ``examples/hypercorn_programmatic.py`` (``ReloadingConfig`` handed to
 ``hypercorn.asyncio.serve`` / ``hypercorn.trio.serve``). Every response body names the serving pid.
+Workers restarted by SIGHUP on broken files are in test_restarts.py; here, a worker with nothing valid
+to serve, and the last good identity of a programmatic ``ReloadingConfig``.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import signal
@@ -22,6 +25,7 @@ import httpx
 import pytest
 import trustme
 
+from test_gunicorn import WAITING, fetch, wait_every_worker
 from tlstest import (
     HOST,
     CertbotLayout,
@@ -53,6 +57,8 @@ STARTUP_FAILURE = 1
 RELOADED = "[INFO] tlsreload: reloaded TLS certificate"
 FAILED = "[WARNING] tlsreload: certificate reload failed"
 WATCHING = "[INFO] tlsreload: watching"
+LAST_GOOD = "serving the last good certificate this server served"
+LEFT = "stops without having served"
 # What an unclean exit leaves in the output: a traceback, asyncio's complaints, any Python warning, an error.
 UNCLEAN = re.compile(r"Traceback|Task was destroyed|was never awaited|Exception ignored|\w+Warning\b|\[ERROR\]")
 
@@ -60,8 +66,8 @@ UNCLEAN = re.compile(r"Traceback|Task was destroyed|was never awaited|Exception 
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def drop_in(port: int, layout: Layout, *extra: str) -> list[str]:
-    args = [*DROP_IN, APP, "--bind", f"{HOST}:{port}", "--certfile", str(layout.cert_path)]
+def drop_in(port: int, layout: Layout, *extra: str, app: str = APP) -> list[str]:
+    args = [*DROP_IN, app, "--bind", f"{HOST}:{port}", "--certfile", str(layout.cert_path)]
     return [*args, "--keyfile", str(layout.key_path), "--tls-reload-interval", INTERVAL, *extra]
 
 
@@ -403,3 +409,81 @@ def test_encrypted_key_with_password_reloads(ca: trustme.CA, tmp_path: Path, way
         out = stop_cleanly(server, FAILED)
     assert "wrong password" in lines_with(out, FAILED)[0]
     assert "s3cret" not in out and "n3w" not in out
+
+
+# --- the last good identity -------------------------------------------------------------------
+# Workers restarted by SIGHUP while the files are broken: test_restarts.py.
+
+
+@pytest.mark.parametrize("worker_class", ["asyncio", "trio"])
+def test_a_restarted_worker_with_nothing_valid_waits_and_leaves_cleanly(
+    ca: trustme.CA, tmp_path: Path, worker_class: str
+) -> None:
+    layout = KubeletLayout(tmp_path / "tls")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    expired = issue(ca, not_before=now - datetime.timedelta(days=2), not_after=now - datetime.timedelta(days=1))
+    layout.install(expired)  # served at start-up (with a warning); the only pair ever valid enough to keep
+    port = free_port()
+    unverified = client_context(ca, check_hostname=False, verify_mode=ssl.CERT_NONE)
+    with start(drop_in(port, layout, "--workers", "2", "--worker-class", worker_class), tmp_path, port) as server:
+        wait_every_worker(port, unverified, expired.serial)
+        layout.write_raw(issue(ca).chain, expired.key)  # broken from now on
+
+        def lines(text: str, count: int) -> bool:
+            return len(lines_with(server.output(), text)) >= count
+
+        server.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: lines(WAITING, 2), DEADLINE, what="both new workers waiting")
+        assert all("outside its validity period" in line for line in lines_with(server.output(), WAITING))
+        for _ in range(2):  # nothing accepts: the connection waits in the listen queue
+            with pytest.raises(OSError):
+                fetch(port, unverified, timeout=1)
+
+        server.proc.send_signal(signal.SIGHUP)  # hypercorn's shutdown event: the waiting workers leave, status 0
+        wait_until(lambda: lines(LEFT, 2) and lines(WAITING, 4), DEADLINE, what="two waiting workers replaced")
+        assert server.proc.poll() is None, server.output()
+        waiting = int(re.findall(r"worker (\d+) cannot load", server.output())[-1])
+        os.kill(waiting, signal.SIGTERM)  # its own SIGTERM: it leaves with status 0, and hypercorn replaces it
+        wait_until(lambda: lines(LEFT, 3) and lines(WAITING, 5), DEADLINE, what="a waiting worker replaced")
+        assert server.proc.poll() is None, server.output()
+
+        code = server.stop(signal.SIGTERM)
+        out = server.output()
+    assert code == 0, out
+    assert len(lines_with(out, LEFT)) == 5, out
+    assert not re.search(r"Traceback|Task was destroyed|was never awaited|Exception ignored", out), out
+
+
+PROGRAMMATIC = """
+import asyncio, os, sys
+import hypercorn.asyncio
+sys.path.insert(0, {tests!r})
+from gunicorn_apps import asgi
+from tlsreload_plugins.hypercorn import ReloadingConfig
+
+config = ReloadingConfig()
+config.bind = [{bind!r}]
+config.certfile, config.keyfile = {cert!r}, {key!r}
+config.check_tls_files()
+os.unlink({key!r})  # the key is gone between the check and serve()
+asyncio.run(hypercorn.asyncio.serve(asgi, config))
+"""
+
+
+def test_programmatic_config_serves_the_pair_it_checked_when_the_files_break_before_serve(
+    ca: trustme.CA, tmp_path: Path
+) -> None:
+    layout = KubeletLayout(tmp_path / "tls")
+    first, second = issue(ca), issue(ca)
+    layout.install(first)
+    port = free_port()
+    ctx = client_context(ca)
+    code = PROGRAMMATIC.format(
+        tests=str(TESTS), bind=f"{HOST}:{port}", cert=str(layout.cert_path), key=str(layout.key_path)
+    )
+    with start([sys.executable, "-c", code], tmp_path, port) as server:
+        wait_for_serial(port, ctx, first.serial, DEADLINE)
+        layout.install(second)
+        wait_for_serial(port, ctx, second.serial, DEADLINE)
+        out = stop_cleanly(server, LAST_GOOD)
+    assert len(lines_with(out, LAST_GOOD)) == 1 and f"{layout.key_path} does not exist" in out, out

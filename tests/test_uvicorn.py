@@ -120,15 +120,15 @@ def run(
     return subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=cwd, env=env)
 
 
-def test_help_is_uvicorns_plus_the_interval() -> None:
+def test_help_is_uvicorns_plus_ours() -> None:
     stock = run([sys.executable, "-m", "uvicorn", "--help"])
     assert stock.returncode == 0
     for command in ([CONSOLE_SCRIPT], [sys.executable, *DROP_IN]):
         ours = run([*command, "--help"])
         assert ours.returncode == 0, ours.stderr
-        assert "--tls-reload-interval" in ours.stdout
-        # Word for word uvicorn's help (same options, help texts and defaults), plus our option.
-        without_ours = re.sub(r"\n  --tls-reload-interval.*?(?=\n  --)", "", ours.stdout, flags=re.S)
+        assert "--tls-reload-interval" in ours.stdout and "--tls-sni" in ours.stdout
+        # Word for word uvicorn's help (same options, help texts and defaults), plus our options.
+        without_ours = re.sub(r"\n  --tls-(reload-interval|sni).*?(?=\n  --)", "", ours.stdout, flags=re.S)
         assert without_ours.splitlines()[1:] == stock.stdout.splitlines()[1:]
         assert ours.stdout.splitlines()[0].endswith("[OPTIONS] APP")
 

@@ -15,6 +15,7 @@ The adapters live in :mod:`tlsreload_plugins.gunicorn` and :mod:`tlsreload_plugi
 from .drivers import AsyncioDriver, ThreadDriver
 from .identity import InvalidIdentity, Leaf, NotServable, ReloadError, TLSFiles
 from .reloader import Outcome, Reloader, Status
+from .sni import SNIIdentities
 
 __all__ = [
     "AsyncioDriver",
@@ -24,6 +25,7 @@ __all__ = [
     "Outcome",
     "ReloadError",
     "Reloader",
+    "SNIIdentities",
     "Status",
     "TLSFiles",
     "ThreadDriver",

@@ -36,7 +36,6 @@ setting for it): the file's first line, read again on every reload.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import importlib
 import importlib.machinery
@@ -45,20 +44,19 @@ import inspect
 import logging
 import os
 import shlex
-import signal
 import ssl
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import metrics
+from . import metrics, sni
 from .drivers import ThreadDriver
 from .identity import InvalidIdentity, Password, TLSFiles
-from .lastgood import LastGood, RecipeFor, SharedStore
+from .lastgood import LastGood, RecipeFor, SharedStore, retry_until_usable, stop_signals_noted
 from .reloader import (
     Recipe,
     Reloader,
@@ -90,6 +88,7 @@ T = TypeVar("T")
 SSLContextHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
 ServerHook = Callable[[Any], object]
 WorkerExitHook = Callable[[Any, Any], object]
+SNISetting = Sequence[str] | str | None
 
 
 @dataclass
@@ -107,6 +106,7 @@ class _UvicornWorkerSetUp:
     worker: Any
     user_ssl_context: SSLContextHook
     interval: float | None
+    sni: SNISetting = None
 
 
 _serving: _Serving | None = None
@@ -162,12 +162,14 @@ def reload_hooks(
     *,
     on_starting: ServerHook | None = None,
     interval: float | None = None,
+    sni: SNISetting = None,
 ) -> dict[str, Callable[..., Any]]:
     """Return gunicorn hooks ``ssl_context``, ``on_starting``, ``post_worker_init`` and
     ``worker_exit`` that add certificate reloading to the given ones (each may be ``None``).
     ``interval`` defaults to ``$TLSRELOAD_INTERVAL``, else 1 second. Most configurations want
     :func:`add_reload`. ``when_ready``, given, is returned unchanged (the start-up check now runs
-    in ``on_starting``, before gunicorn binds its sockets)."""
+    in ``on_starting``, before gunicorn binds its sockets). ``sni``: directories of more identities
+    chosen by server name (default ``$TLSRELOAD_SNI``), see :mod:`tlsreload_plugins.sni`."""
     user_ssl_context = ssl_context or _gunicorn_default_ssl_context
 
     def reloading_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
@@ -180,13 +182,13 @@ def reload_hooks(
         return reloader.context
 
     def reloading_on_starting(server: Any) -> None:
-        _check_at_start(server, interval)
+        _check_at_start(server, interval, sni)
         if on_starting is not None:
             on_starting(server)
 
     def reloading_post_worker_init(worker: Any) -> None:
         # Ours first: the user's hook can then reach the reloader through worker_reloader().
-        _start_worker(worker, user_ssl_context, interval)
+        _start_worker(worker, user_ssl_context, interval, sni)
         if post_worker_init is not None:
             post_worker_init(worker)
 
@@ -208,10 +210,11 @@ def reload_hooks(
     return hooks
 
 
-def add_reload(namespace: MutableMapping[str, Any], *, interval: float | None = None) -> None:
+def add_reload(namespace: MutableMapping[str, Any], *, interval: float | None = None, sni: SNISetting = None) -> None:
     """Add certificate reloading to a gunicorn configuration module: call ``add_reload(globals())``
     at the end of ``gunicorn.conf.py``. Wraps the module's ``ssl_context``, ``on_starting``,
-    ``post_worker_init`` and ``worker_exit`` (defining those it lacks); calling it twice changes nothing."""
+    ``post_worker_init`` and ``worker_exit`` (defining those it lacks); calling it twice changes nothing.
+    SNI identities: ``sni``, else the module's ``tls_sni`` (a list of directories), else ``$TLSRELOAD_SNI``."""
     already = getattr(namespace.get("ssl_context"), "__qualname__", "")
     if already.startswith(f"{reload_hooks.__name__}."):
         return
@@ -222,6 +225,7 @@ def add_reload(namespace: MutableMapping[str, Any], *, interval: float | None = 
             namespace.get("worker_exit"),
             on_starting=namespace.get("on_starting"),
             interval=interval,
+            sni=sni if sni is not None else namespace.get("tls_sni"),
         )
     )
 
@@ -295,9 +299,10 @@ def _drop_in_settings() -> dict[str, Any]:
     global _chained_config
     names = {setting.name for setting in KNOWN_SETTINGS}
     location = _replaced_config()
-    settings = {} if location is None else {k: v for k, v in _read_config(location).items() if k in names}
+    read = {} if location is None else _read_config(location)
+    settings = {k: v for k, v in read.items() if k in names}
     _chained_config = location
-    add_reload(settings)
+    add_reload(settings, sni=read.get("tls_sni"))
     on_starting, on_reload = settings.get("on_starting"), settings.get("on_reload")
 
     # gunicorn reads a configuration *file* again on HUP but imports a python: module once. Forgetting the
@@ -334,7 +339,7 @@ def _refuse_as_configuration() -> None:
 # -- in the arbiter -------------------------------------------------------------------------------
 
 
-def _check_at_start(arbiter: Any, interval: float | None = None) -> None:
+def _check_at_start(arbiter: Any, interval: float | None = None, sni_setting: SNISetting = None) -> None:
     """In the arbiter, before gunicorn binds its sockets (what ``on_starting`` does): stop gunicorn
     with one clear error line when a setting or the files cannot make a context, instead of
     starting workers that fail; get a ``UvicornWorker`` to use the reloading factory."""
@@ -354,6 +359,7 @@ def _check_at_start(arbiter: Any, interval: float | None = None) -> None:
         resolve_interval(interval)
         resolve_expiry_warning_days()
         password = resolve_password(None)
+        sni.resolve_directories(sni_setting)
         _prepare_uvicorn_worker(cfg)
         files = TLSFiles(cfg.certfile, cfg.keyfile, cfg.ca_certs)
         snapshot, _, _ = _retry_at_start(lambda: load_identity(files, _gunicorn_recipe(cfg), password))
@@ -411,7 +417,9 @@ def _prepare_uvicorn_worker(cfg: Any) -> None:
 # -- inside a worker ------------------------------------------------------------------------------
 
 
-def _start_worker(worker: Any, user_ssl_context: SSLContextHook, interval: float | None = None) -> None:
+def _start_worker(
+    worker: Any, user_ssl_context: SSLContextHook, interval: float | None = None, sni_setting: SNISetting = None
+) -> None:
     """Set reloading up in this worker process (what ``post_worker_init`` does)."""
     global _uvicorn_worker
     _route_logs(worker.log)
@@ -428,13 +436,13 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, interval: float
                 type(worker).__name__,
             )
             sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR: the arbiter stops with "Worker failed to boot."
-        _uvicorn_worker = _UvicornWorkerSetUp(os.getpid(), worker, user_ssl_context, interval)
+        _uvicorn_worker = _UvicornWorkerSetUp(os.getpid(), worker, user_ssl_context, interval, sni_setting)
         return
 
     def recipe_for(files: TLSFiles) -> ssl.SSLContext:
         return _gunicorn_recipe(_with_files(worker.cfg, files))()
 
-    _serve(worker, _gunicorn_recipe(worker.cfg), interval, recipe_for)
+    _serve(worker, _gunicorn_recipe(worker.cfg), interval, recipe_for, sni_setting)
 
 
 def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
@@ -468,7 +476,7 @@ def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLCo
 
         return set_up.user_ssl_context(_with_files(set_up.worker.cfg, files), uvicorn_factory)
 
-    return _serve(set_up.worker, recipe, set_up.interval, recipe_for).context
+    return _serve(set_up.worker, recipe, set_up.interval, recipe_for, set_up.sni).context
 
 
 def _password_text(password: Password) -> str | None:
@@ -528,9 +536,15 @@ def _with_files(cfg: Any, files: TLSFiles) -> Any:
     return conf
 
 
-def _serve(worker: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor) -> Reloader:
+def _serve(
+    worker: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor, sni_setting: SNISetting = None
+) -> Reloader:
     global _serving
     reloader = _first_reloader(worker, recipe, interval, recipe_for)
+    try:
+        sni.attach_from_settings(reloader, sni_setting, recipe_for)
+    except ValueError as e:  # a directory removed since the arbiter checked it
+        log.error("worker %s serves no SNI identities: %s", os.getpid(), e)
     driver = ThreadDriver(reloader)
     _serving = _Serving(os.getpid(), reloader, driver)
     driver.start()
@@ -564,35 +578,12 @@ def _first_reloader(worker: Any, recipe: Recipe, interval: float | None, recipe_
         return _retry_at_start(attempt)
     except InvalidIdentity as e:
         log.error("worker %s cannot load the TLS files and waits for usable ones before serving: %s", os.getpid(), e)
-    with _stop_signals_noted() as stopping:
-        while True:
-            worker.notify()
-            time.sleep(RETRY_DELAY)
-            if stopping.is_set():
-                sys.exit(0)
-            try:
-                reloader = attempt()
-            except InvalidIdentity:
-                continue
-            log.info("worker %s: the TLS files are usable again; serving", os.getpid())
-            return reloader
-
-
-@contextlib.contextmanager
-def _stop_signals_noted() -> Iterator[threading.Event]:
-    # The worker's own handlers may not run yet (the asgi worker's live in its event loop,
-    # uvicorn's only flag its server): note a stop request ourselves while waiting.
-    stopping = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stopping
-        return
-    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
-    previous = {sig: signal.signal(sig, lambda signum, frame: stopping.set()) for sig in stops}
-    try:
-        yield stopping
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    with stop_signals_noted() as stopping:
+        reloader = retry_until_usable(attempt, every=RETRY_DELAY, stop=stopping, between=worker.notify)
+    if reloader is None:
+        sys.exit(0)
+    log.info("worker %s: the TLS files are usable again; serving", os.getpid())
+    return reloader
 
 
 def _stop_worker() -> None:

@@ -19,6 +19,17 @@ from that same loop until it ends: an asyncio task, or a trio system task, each 
 itself in a worker thread. A lifespan extension as for uvicorn is not needed: the checks start
 with the context, and stop when the worker's loop does.
 
+The last good identity: a worker that starts while the files on disk are unusable serves the newest
+valid identity instead (one WARNING says so), and moves to the files as soon as they are usable. The
+drop-in validates the files once in hypercorn's parent process and keeps the newest valid pair there
+(:func:`~tlsreload_plugins.lastgood.keep_newest_valid`, every interval) in a
+:class:`~tlsreload_plugins.lastgood.CopyStore` on the ``Config``, which hypercorn pickles into each
+worker it starts (at start-up, on SIGHUP, on ``--reload``). A worker with nothing valid to serve (the
+kept pair expired) waits for usable files without serving, rather than exit non-zero, on which
+hypercorn stops the whole server; it leaves with status 0 when hypercorn stops its workers or on
+SIGTERM. :class:`ReloadingConfig` used from Python keeps the pair :meth:`~ReloadingConfig.check_tls_files`
+validated (and each one it served) on the config, within the process.
+
 HTTP/3 is refused: hypercorn's QUIC server hands the certificate *files* to aioquic once, when it
 starts, so ``--quic-bind`` would keep serving the first certificate forever. Combined with
 reloading, it stops the server at start-up with one error.
@@ -33,17 +44,22 @@ import functools
 import importlib
 import importlib.metadata
 import logging
+import multiprocessing
+import os
+import signal
 import ssl
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import hypercorn.run
 from hypercorn.config import Config
 
-from . import metrics
+from . import metrics, sni
 from .drivers import AsyncioDriver
 from .identity import InvalidIdentity, Password, ReloadError, TLSFiles
+from .lastgood import CopyStore, LastGood, keep_newest_valid
 from .reloader import (
     INTERVAL_ENV,
     Recipe,
@@ -85,7 +101,9 @@ class ReloadingConfig(Config):
 
     Use it wherever a ``Config`` goes: ``ReloadingConfig()``, ``ReloadingConfig.from_toml(path)``,
     ``from_mapping``, ``from_object``. Besides hypercorn's settings it reads
-    ``tls_reload_interval`` (seconds between checks; ``None``: ``$TLSRELOAD_INTERVAL``, else 1).
+    ``tls_reload_interval`` (seconds between checks; ``None``: ``$TLSRELOAD_INTERVAL``, else 1)
+    and ``tls_sni`` (directories of more identities chosen by server name; ``None``:
+    ``$TLSRELOAD_SNI``; see :mod:`tlsreload_plugins.sni`).
 
     Example::
 
@@ -97,13 +115,17 @@ class ReloadingConfig(Config):
     """
 
     tls_reload_interval: float | None = None
+    tls_sni: list[str] | None = None
+    _tls_last_good: CopyStore | None = None  # see _last_good()
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
         """hypercorn's own context, made to follow the files: called by hypercorn in each worker.
 
-        Unusable files or settings log one ERROR and exit with :data:`STARTUP_FAILURE` (under
-        trio, hypercorn's nurseries add a traceback: call :meth:`check_tls_files` before
-        serving to fail without one).
+        Unusable files are served from the last good identity kept on this config (see the module
+        docstring); with none valid, a worker hypercorn started waits for usable files. Otherwise,
+        unusable files or settings log one ERROR and exit with :data:`STARTUP_FAILURE` (under trio,
+        hypercorn's nurseries add a traceback: call :meth:`check_tls_files` before serving to fail
+        without one).
         """
         if not self.ssl_enabled:
             return super().create_ssl_context()
@@ -111,19 +133,35 @@ class ReloadingConfig(Config):
         start_checks = _checker_for_this_loop()
         self._refuse_quic()
         password = resolve_password(self.keyfile_password)
-        try:
+        files = self._files()
+        last_good = LastGood(self._last_good(), lambda other: self._recipe(password, other)())
+
+        def attempt() -> Reloader:
             # The one place this module makes a Reloader.
-            reloader = Reloader(
-                str(self.certfile),
-                str(self.keyfile),
+            return Reloader(
+                files.certfile,
+                files.keyfile,
                 recipe=self._recipe(password),
-                ca_certs=str(self.ca_certs) if self.ca_certs else None,
+                ca_certs=files.ca_certs,
                 password=password,
                 interval=self.tls_reload_interval,
+                last_good=last_good,
             )
-        except (ReloadError, ValueError) as e:  # ValueError: a bad interval or expiry setting
+
+        try:
+            reloader = attempt()
+        except ValueError as e:  # a bad interval or expiry setting
             _startup_failure("cannot serve TLS: %s", e)
+        except ReloadError as e:
+            stopping = _hypercorn_shutdown_event()
+            if stopping is None or last_good.store.read() is None:  # not a worker, or nothing was ever valid
+                _startup_failure("cannot serve TLS: %s", e)
+            reloader = _wait_for_usable_files(attempt, e, stopping, resolve_interval(self.tls_reload_interval))
         metrics.observe(reloader)
+        try:
+            sni.attach_from_settings(reloader, self.tls_sni, lambda other: self._recipe(password, other)())
+        except ValueError as e:  # a directory that does not exist
+            _startup_failure("cannot serve TLS: %s", e)
         start_checks(reloader)
         return reloader.context
 
@@ -139,23 +177,36 @@ class ReloadingConfig(Config):
             log.warning("no --certfile and --keyfile given: serving without TLS, nothing to reload")
             return
         self._refuse_quic()
-        files = TLSFiles(str(self.certfile), str(self.keyfile), str(self.ca_certs) if self.ca_certs else None)
         password = resolve_password(self.keyfile_password)
         try:
             resolve_interval(self.tls_reload_interval)
             resolve_expiry_warning_days()
-            load_identity(files, self._recipe(password), password)
+            sni.resolve_directories(self.tls_sni)
+            snapshot, _, _ = load_identity(self._files(), self._recipe(password), password)
         except (ReloadError, ValueError) as e:
             _startup_failure("cannot serve TLS: %s", e)
+        self._last_good().write(snapshot)
 
-    def _recipe(self, password: Password) -> Recipe:
-        """hypercorn's own ``Config.create_ssl_context``; with the password of
-        ``$TLSRELOAD_KEY_PASSWORD_FILE`` (read again on each call) when ``keyfile_password`` is unset."""
+    def _files(self) -> TLSFiles:
+        return TLSFiles(str(self.certfile), str(self.keyfile), str(self.ca_certs) if self.ca_certs else None)
+
+    def _last_good(self) -> CopyStore:
+        """The last good identity, kept on this config: pickled with it into each worker hypercorn starts."""
+        if self._tls_last_good is None:
+            self._tls_last_good = CopyStore()
+        return self._tls_last_good
+
+    def _recipe(self, password: Password, files: TLSFiles | None = None) -> Recipe:
+        """hypercorn's own ``Config.create_ssl_context``, on this config's files or on ``files``; with the
+        password of ``$TLSRELOAD_KEY_PASSWORD_FILE`` (read again on each call) when ``keyfile_password`` is unset."""
 
         def hypercorn_context() -> ssl.SSLContext:
             config = self
-            if self.keyfile_password is None and password is not None:
+            if files is not None or (self.keyfile_password is None and password is not None):
                 config = copy.copy(self)
+            if files is not None:
+                config.certfile, config.keyfile, config.ca_certs = files.certfile, files.keyfile, files.ca_certs
+            if self.keyfile_password is None and password is not None:
                 config.keyfile_password = _text(password)
             context = Config.create_ssl_context(config)
             if context is None:  # ssl_enabled was checked before: the files were unset since
@@ -177,6 +228,63 @@ class ReloadingConfig(Config):
 def _text(password: Password) -> str | None:
     value = password() if callable(password) else password
     return value.decode() if isinstance(value, bytes) else value
+
+
+# -- a worker with nothing valid to serve --------------------------------------------------
+
+_POLL = 0.1
+"""Seconds between looks at hypercorn's shutdown event while waiting (hypercorn's workers poll it as often)."""
+
+
+def _hypercorn_shutdown_event() -> Any | None:
+    """The event hypercorn's parent sets to stop its workers (SIGHUP, ``--reload``, shutdown), or ``None``
+    outside a worker it started. hypercorn hands it only to the worker function, as the keyword argument
+    ``shutdown_event`` of the process (``asyncio_worker(config, sockets, shutdown_event)``), which the
+    process object keeps."""
+    kwargs = getattr(multiprocessing.current_process(), "_kwargs", None)
+    event = kwargs.get("shutdown_event") if isinstance(kwargs, dict) else None
+    return event if callable(getattr(event, "is_set", None)) else None
+
+
+def _wait_for_usable_files(
+    attempt: Callable[[], Reloader], error: ReloadError, stopping: Any, every: float
+) -> Reloader:
+    """Try ``attempt`` every ``every`` seconds without serving (a sibling takes the connections), rather than
+    exit non-zero, on which hypercorn's parent stops the whole server. Leaves with status 0 when hypercorn
+    stops its workers (``stopping`` is set) or on SIGTERM."""
+    pid = os.getpid()
+    log.error("worker %s cannot load the TLS files and waits for usable ones before serving: %s", pid, error)
+    terminated = False
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # Only a flag: a lock taken here (threading.Event.set) could be the one the interrupted code holds.
+        nonlocal terminated
+        terminated = True
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    next_try = time.monotonic() + every
+    while True:
+        time.sleep(_POLL)
+        if terminated or stopping.is_set():
+            break
+        if time.monotonic() < next_try:
+            continue
+        next_try = time.monotonic() + every
+        try:
+            reloader = attempt()
+        except ReloadError:
+            continue
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        log.info("worker %s: the TLS files are usable again; serving", pid)
+        return reloader
+    # on_sigterm stays: as it stops, hypercorn's parent sends SIGTERM to the workers still running.
+    log.info("worker %s stops without having served", pid)
+    # Not sys.exit(): under trio, hypercorn's nurseries turn SystemExit into an exception group, status 1.
+    # The app's lifespan shutdown does not run (its start-up did: hypercorn builds the context after it).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # -- checking from the worker's loop -------------------------------------------------------
@@ -290,13 +398,20 @@ def _route_logs(hypercorn_logger: Any) -> None:
 # -- the drop-in command -------------------------------------------------------------------
 
 
-def _serve(config: Config, *, interval: float | None) -> int:
+def _serve(config: Config, *, interval: float | None, sni_directories: list[str] | None = None) -> int:
     """What hypercorn's command runs, given the Config it built: the same, reloading."""
     reloading = ReloadingConfig()
     vars(reloading).update(vars(config))  # every setting, from the command line and -c alike
     if interval is not None:
         reloading.tls_reload_interval = interval
+    if sni_directories:
+        reloading.tls_sni = sni_directories
     reloading.check_tls_files()
+    if reloading.ssl_enabled and reloading.workers > 0:
+        # hypercorn starts workers later too (SIGHUP, --reload): each gets the newest valid pair seen here.
+        password = resolve_password(reloading.keyfile_password)
+        every = resolve_interval(reloading.tls_reload_interval)
+        keep_newest_valid(reloading._files(), password, reloading._last_good(), every)
     return hypercorn.run.run(reloading)
 
 
@@ -308,6 +423,13 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help=f"Seconds between checks of the TLS certificate files. Defaults to ${INTERVAL_ENV}, else 1.",
+    )
+    group.add_argument(
+        "--tls-sni",
+        action="append",
+        metavar="DIR",
+        help="A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
+        f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
     )
     return parser
 
@@ -338,7 +460,7 @@ def main(args: Sequence[str] | None = None) -> None:
             "hypercorn.__main__.main no longer hands its Config to hypercorn.run.run",
             importlib.metadata.version("hypercorn"),
         )
-    cli.run = functools.partial(_serve, interval=interval)
+    cli.run = functools.partial(_serve, interval=interval, sni_directories=options.tls_sni)
     if args is None:
         sys.argv[1:] = rest  # hypercorn's main reads sys.argv when given no arguments
     try:

@@ -26,6 +26,7 @@ import hashlib
 import mmap
 import os
 import shutil
+import signal
 import ssl
 import struct
 import tempfile
@@ -34,13 +35,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .identity import (
     MAX_FILE_BYTES,
     InvalidIdentity,
     Leaf,
     Password,
+    ReloadError,
     Snapshot,
     TLSFiles,
     fingerprint,
@@ -50,6 +52,8 @@ from .identity import (
 )
 
 RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
+Stop = Callable[[], bool]
+T = TypeVar("T")
 """Builds the server's context exactly as it does from its configured files, but from ``files``."""
 
 
@@ -237,3 +241,38 @@ def keep_newest_valid(files: TLSFiles, password: Password, store: Store, interva
     thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def stop_signals_noted(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)) -> Iterator[Stop]:
+    """Note a stop request while a process waits for usable files, before the server's own signal
+    handlers can act on one (an event loop that does not run yet, a flag nobody reads); yields a
+    function that tells whether one arrived. The handlers only set a flag: a lock taken in a signal
+    handler (``threading.Event.set``) may be the one the interrupted code holds."""
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    previous = {sig: signal.signal(sig, lambda signum, frame: requested.append(signum)) for sig in signals}
+    try:
+        yield lambda: bool(requested)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def retry_until_usable(
+    attempt: Callable[[], T], *, every: float, stop: Stop, between: Callable[[], object] = lambda: None
+) -> T | None:
+    """Call ``attempt`` every ``every`` seconds until it returns (its result) or ``stop()`` is true
+    (``None``); a :class:`~tlsreload_plugins.ReloadError` from it means "not yet". ``between`` runs
+    before each wait (a gunicorn worker tells its arbiter it is alive)."""
+    while True:
+        between()
+        time.sleep(every)
+        if stop():
+            return None
+        try:
+            return attempt()
+        except ReloadError:
+            continue

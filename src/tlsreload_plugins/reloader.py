@@ -66,6 +66,8 @@ PASSWORD_FILE_ENV = "TLSRELOAD_KEY_PASSWORD_FILE"
 
 Recipe = Callable[[], ssl.SSLContext]
 SNICallback = Callable[[ssl.SSLObject, str, ssl.SSLContext], "int | None"]
+Route = Callable[["str | None"], "ssl.SSLContext | None"]
+"""Picks the context for a handshake's server name (``None``: this reloader's own); see :meth:`Reloader.set_route`."""
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], T]
 """Runs a blocking function elsewhere and returns its result (gevent: ``hub.threadpool.apply``)."""
@@ -342,6 +344,7 @@ class Reloader:
         self._last_reload: float | None = None
         self._last_expiry_warning: float | None = None
         self._switch_failed_logged = False
+        self._route: Route | None = None
         self._checks = self._reloads = self._failures = 0
         self._warn_expiry(self._last_success)
         _reloaders.add(self)
@@ -381,8 +384,18 @@ class Reloader:
 
     # -- the swap ---------------------------------------------------------------------------
 
+    def set_route(self, route: Route | None) -> None:
+        """Consult ``route(server_name)`` first on every handshake: a context it returns serves the
+        connection instead of this reloader's newest one (``None`` to stop). It must be quick (it
+        runs inside OpenSSL's ClientHello callback) and never raise; :mod:`tlsreload_plugins.sni`
+        uses it to serve several identities by server name."""
+        self._route = route
+
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str, live: ssl.SSLContext) -> int | None:
         newest, user_callback = self._serving
+        route = self._route
+        if route is not None:
+            newest = route(server_name) or newest
         if newest is not live:
             try:
                 conn.context = newest
@@ -604,6 +617,12 @@ class Reloader:
     def leaf(self) -> Leaf:
         """The certificate new handshakes get."""
         return self._leaf
+
+    @property
+    def newest_context(self) -> ssl.SSLContext:
+        """The context new handshakes are moved onto (:attr:`context` until the first reload): what a
+        dispatcher of its own hands a connection, as Go's ``GetCertificate`` would."""
+        return self._serving[0]
 
     def status(self) -> Status:
         """A consistent snapshot of the counters and the served certificate; never waits for a check's I/O."""

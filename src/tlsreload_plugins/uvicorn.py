@@ -35,14 +35,13 @@ import os
 import signal
 import ssl
 import sys
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import __version__, metrics
+from . import __version__, metrics, sni
 from .drivers import AsyncioDriver
 from .identity import InvalidIdentity, Password, TLSFiles, read_files, validate
-from .lastgood import CopyStore, LastGood, keep_newest_valid
+from .lastgood import CopyStore, LastGood, keep_newest_valid, retry_until_usable, stop_signals_noted
 from .reloader import (
     INTERVAL_ENV,
     MIN_INTERVAL,
@@ -141,7 +140,11 @@ def _check_if_forgotten(reloader: Reloader) -> None:
 
 
 def reloading_ssl_context(
-    config: uvicorn.Config, default_factory: Callable[[], ssl.SSLContext], *, interval: float | None = None
+    config: uvicorn.Config,
+    default_factory: Callable[[], ssl.SSLContext],
+    *,
+    interval: float | None = None,
+    sni: Sequence[str] | None = None,
 ) -> ssl.SSLContext:
     """``uvicorn.Config(ssl_context_factory=...)``: a context that follows the files on disk.
 
@@ -151,8 +154,10 @@ def reloading_ssl_context(
     another interval, pass ``functools.partial(reloading_ssl_context, interval=5)`` (a partial of
     this module-level function still pickles, which ``--workers`` and ``--reload`` need). Files
     that are not usable at start-up log one error and exit with :data:`STARTUP_FAILURE` (3).
+    ``sni``: directories of more identities chosen by server name (default ``$TLSRELOAD_SNI``),
+    see :mod:`tlsreload_plugins.sni`.
     """
-    reloader = _new_reloader(config, default_factory, interval)
+    reloader = _new_reloader(config, default_factory, interval, sni_directories=sni)
     _drivers[reloader] = None
     _arrange_checks(config, reloader)
     return reloader.context
@@ -164,6 +169,7 @@ def _drop_in_ssl_context(
     *,
     interval: float | None = None,
     last_good: CopyStore | None = None,
+    sni: Sequence[str] | None = None,
 ) -> ssl.SSLContext:
     """The factory of ``tlsreload-uvicorn``: as :func:`reloading_ssl_context`, checking from the server's
     event loop (uvicorn calls it there, in each serving process) until the process exits, so that the
@@ -171,7 +177,7 @@ def _drop_in_ssl_context(
     uvicorn's supervisor starts, holding what the parent last found valid: a child started while the
     files are broken serves it (or, when it expired, waits for usable files instead of exiting with
     :data:`STARTUP_FAILURE`, on which uvicorn's supervisor stops the whole server)."""
-    reloader = _new_reloader(config, default_factory, interval, last_good)
+    reloader = _new_reloader(config, default_factory, interval, last_good, sni)
     _drivers[reloader] = None
     try:
         asyncio.get_running_loop()
@@ -189,6 +195,7 @@ def _new_reloader(
     default_factory: Callable[[], ssl.SSLContext],
     interval: float | None,
     last_good: CopyStore | None = None,
+    sni_directories: Sequence[str] | None = None,
 ) -> Reloader:
     """The one place this module makes a Reloader: uvicorn's own default factory as its recipe."""
     _route_logs()
@@ -237,6 +244,10 @@ def _new_reloader(
             _startup_failure(f"cannot serve TLS: {e}")
         reloader = _wait_for_usable_files(attempt, e)
     metrics.observe(reloader)
+    try:
+        sni.attach_from_settings(reloader, sni_directories, recipe_for)
+    except ValueError as e:  # a directory that does not exist
+        _startup_failure(f"cannot serve TLS: {e}")
     return reloader
 
 
@@ -244,21 +255,12 @@ def _wait_for_usable_files(attempt: Callable[[], Reloader], error: InvalidIdenti
     """A replacement process with nothing to serve: wait, answering uvicorn's health checks (its own
     thread does) and leaving at SIGTERM, rather than exit with the start-up failure code."""
     log.error("process %s cannot load the TLS files and waits for usable ones before serving: %s", os.getpid(), error)
-    stopping = threading.Event()
-    stops = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda signum, frame: stopping.set()) for sig in stops}
-    try:
-        while not stopping.wait(RETRY_DELAY):
-            try:
-                reloader = attempt()
-            except InvalidIdentity:
-                continue
-            log.info("process %s: the TLS files are usable again; serving", os.getpid())
-            return reloader
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-    sys.exit(0)
+    with stop_signals_noted((signal.SIGTERM, signal.SIGINT)) as stopping:
+        reloader = retry_until_usable(attempt, every=RETRY_DELAY, stop=stopping)
+    if reloader is None:
+        sys.exit(0)
+    log.info("process %s: the TLS files are usable again; serving", os.getpid())
+    return reloader
 
 
 def _password_text(password: Password) -> str | None:
@@ -387,7 +389,7 @@ def _route_logs() -> None:
 MISSING_EXTRA = "pip install 'tlsreload-plugins[uvicorn]'"
 
 
-def _run(tls_reload_interval: float | None, **options: Any) -> None:
+def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...] = (), **options: Any) -> None:
     import click
     import uvicorn
 
@@ -404,6 +406,7 @@ def _run(tls_reload_interval: float | None, **options: Any) -> None:
         resolve_interval(tls_reload_interval)
         resolve_expiry_warning_days()
         password = resolve_password(options.get("ssl_keyfile_password"))
+        sni.resolve_directories(tls_sni or None)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if not options.get("ssl_certfile"):
@@ -426,7 +429,9 @@ def _run(tls_reload_interval: float | None, **options: Any) -> None:
     workers = kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     if workers > 1 or kwargs.get("reload"):  # a supervisor that starts serving processes later
         keep_newest_valid(files, password, store, resolve_interval(tls_reload_interval))
-    factory = functools.partial(_drop_in_ssl_context, interval=tls_reload_interval, last_good=store)
+    factory = functools.partial(
+        _drop_in_ssl_context, interval=tls_reload_interval, last_good=store, sni=list(tls_sni) or None
+    )
     uvicorn.run(**kwargs, ssl_context_factory=factory)
 
 
@@ -475,7 +480,14 @@ def _command() -> click.Command:
     )
     params = [_with_our_version(param) if param.name == "version" else param for param in command.params]
     after_ssl = max(i for i, param in enumerate(params) if (param.name or "").startswith("ssl_")) + 1
-    command.params = [*params[:after_ssl], interval, *params[after_ssl:]]
+    tls_sni = click.Option(
+        ["--tls-sni"],
+        multiple=True,
+        metavar="DIR",
+        help=f"A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
+        f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
+    )
+    command.params = [*params[:after_ssl], interval, tls_sni, *params[after_ssl:]]
     command.callback = _run
     return command
 

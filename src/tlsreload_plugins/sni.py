@@ -1,0 +1,409 @@
+"""Several certificates in one server, chosen by the server name a client asks for (SNI).
+
+Besides its default identity (the usual certfile and keyfile), a server can serve identities
+found in directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``). Each directory either
+*is* an identity, or holds identities as its immediate subdirectories:
+
+* a Kubernetes TLS Secret as mounted: ``tls.crt`` and ``tls.key`` (kubelet's ``..data`` links);
+* a certbot lineage: ``fullchain.pem`` and ``privkey.pem`` (``/etc/letsencrypt/live`` holds
+  one per domain, and a ``README`` that is skipped).
+
+Each identity is served by its own :class:`~tlsreload_plugins.Reloader`, built with the server's
+own recipe aimed at that identity's files, so every guarantee of the single identity holds for
+each of them: validated before use, the last good one kept, no failed handshake during its
+rotation, no effect on the others. Their names (stable labels in logs, :meth:`SNIIdentities.status`
+and metrics) are the names of their directories.
+
+Which identity answers a handshake: the one whose served certificate lists the server name among
+its DNS SANs (compared in lower case, internationalized names in their A-label ``xn--`` form, as
+they appear in certificates and as Python's ``ssl`` hands them over). An exact name beats a
+wildcard; a wildcard ``*.example.com`` covers one label (``a.example.com``, not ``example.com``
+nor ``a.b.example.com``). A handshake without a server name, or with one no identity lists,
+gets the default identity. When two identities list the same name, the first wins: directories
+in the order configured, subdirectories in sorted order (a WARNING names both, once). The
+lookup is two dictionary reads, whatever the number of identities.
+
+On every check of the default reloader (its driver's tick) the directories are scanned again:
+identities added are served once their files are valid, identities removed (gone on two scans
+in a row) stop being served, and each identity's files are checked as the default's are.
+
+Example (a server of your own; the adapters do this for you)::
+
+    default = Reloader("tls.crt", "tls.key", recipe=lambda: recipe_for(TLSFiles("tls.crt", "tls.key")))
+    identities = SNIIdentities.attach(default, ["/etc/letsencrypt/live"], recipe_for=recipe_for)
+    server = make_server(ssl_context=default.context)
+    with ThreadDriver(default):  # checks the default and every SNI identity
+        server.serve_forever()
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import ssl
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+
+from . import metrics
+from .drivers import gevent_offload
+from .identity import InvalidIdentity, Password, TLSFiles
+from .lastgood import RecipeFor
+from .reloader import Outcome, Reloader, Status
+
+__all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "for_reloader", "resolve_directories"]
+
+log = logging.getLogger("tlsreload_plugins.sni")
+
+SNI_ENV = "TLSRELOAD_SNI"
+"""Directories of SNI identities, separated by ``os.pathsep`` (``:`` on Unix)."""
+
+IDENTITY_FILES = (("tls.crt", "tls.key"), ("fullchain.pem", "privkey.pem"))
+"""The (certificate, key) file names that make a directory an identity, in order of preference:
+a Kubernetes TLS Secret, a certbot lineage."""
+
+_MARKERS = frozenset(name for pair in IDENTITY_FILES for name in pair) | {"cert.pem", "chain.pem"}
+"""Any of these present keeps an identity alive: certbot relinks its files one at a time."""
+
+_attached: weakref.WeakKeyDictionary[Reloader, SNIIdentities] = weakref.WeakKeyDictionary()
+
+
+def resolve_directories(directories: Iterable[str] | str | None = None) -> list[str]:
+    """The SNI directories: ``directories`` if given (a sequence, or one ``os.pathsep``-separated
+    string), else ``$TLSRELOAD_SNI``, else none. Empty entries are dropped.
+
+    Raises:
+        ValueError: a directory does not exist or is not a directory.
+    """
+    if directories is None:
+        directories = os.environ.get(SNI_ENV, "")
+    if isinstance(directories, str):
+        directories = directories.split(os.pathsep)
+    found = [str(d) for d in directories if str(d)]
+    for directory in found:
+        if not os.path.isdir(directory):
+            raise ValueError(f"SNI directory {directory} does not exist or is not a directory")
+    return found
+
+
+def identity_files(directory: str) -> TLSFiles | None:
+    """The certificate and key of the identity ``directory`` is, or ``None`` when it is none."""
+    try:
+        entries = set(os.listdir(directory))
+    except OSError:
+        return None
+    for cert, key in IDENTITY_FILES:
+        if cert in entries or key in entries:
+            return TLSFiles(os.path.join(directory, cert), os.path.join(directory, key))
+    return None
+
+
+def _is_alive(files: TLSFiles) -> bool:
+    directory = os.path.dirname(files.certfile)
+    try:
+        return not _MARKERS.isdisjoint(os.listdir(directory))
+    except OSError:
+        return False
+
+
+def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLSFiles]]:
+    """Every identity in ``directories``, by name, in precedence order, and those left out because
+    an identity found before has the same name."""
+    found: dict[str, TLSFiles] = {}
+    shadowed: list[TLSFiles] = []
+
+    def add(name: str, files: TLSFiles) -> None:
+        if found.setdefault(name, files) is not files:
+            shadowed.append(files)
+
+    for directory in directories:
+        files = identity_files(directory)
+        if files is not None:
+            add(os.path.basename(os.path.normpath(directory)), files)
+            continue
+        try:
+            entries = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(directory, entry)
+            if entry.startswith(".") or not os.path.isdir(path):  # kubelet's ..data, ..2026_...
+                continue
+            files = identity_files(path)
+            if files is not None:
+                add(entry, files)
+    return found, shadowed
+
+
+def host_names(sans: Iterable[str]) -> list[str]:
+    """The names among a certificate's SANs a server name can match: DNS names and one-label
+    wildcards, lower case, A-labels; IP addresses, URIs and e-mail addresses are left out."""
+    names = []
+    for san in sans:
+        name = san.strip().lower().rstrip(".")
+        if not name or any(c in name for c in ":/@ "):
+            continue
+        try:
+            ipaddress.ip_address(name)
+            continue
+        except ValueError:
+            pass
+        if not name.isascii():  # a U-label where an A-label belongs: use the A-label
+            try:
+                name = name.encode("idna").decode("ascii")
+            except UnicodeError:
+                continue
+        if "*" in name and not (name.startswith("*.") and "*" not in name[2:] and "." in name[2:]):
+            continue  # partial or deep wildcards: not served
+        names.append(name)
+    return names
+
+
+class SNIIdentities:
+    """The SNI identities of one server: one :class:`~tlsreload_plugins.Reloader` each, and the
+    table of server names that routes each handshake to one of them in constant time.
+
+    Most code uses :meth:`attach`. ``recipe_for(files)`` builds the server's context exactly as
+    it does from its configured files, but from ``files``; ``ca_certs`` (the client-CA bundle:
+    a connection moved onto an identity's context verifies client certificates against that
+    context's store), ``password`` (the key password), ``interval`` and ``expiry_warning_days``
+    are the default reloader's, shared by every identity. Identities whose files cannot be used
+    when first seen are not served (their names get the default identity), and are tried again
+    on every check.
+    """
+
+    def __init__(
+        self,
+        directories: Iterable[str] | str | None,
+        *,
+        recipe_for: RecipeFor,
+        ca_certs: str | None = None,
+        password: Password = None,
+        interval: float | None = None,
+        expiry_warning_days: float | None = None,
+    ) -> None:
+        self.directories = resolve_directories(directories)
+        self.recipe_for = recipe_for
+        self.ca_certs = ca_certs
+        self.password = password
+        self.interval = interval
+        self.expiry_warning_days = expiry_warning_days
+        self._lock = threading.Lock()  # one scan at a time
+        self._identities: dict[str, Reloader] = {}
+        self._table: dict[str, Reloader] = {}
+        self._served_leaves: tuple[tuple[str, str], ...] = ()
+        self._missing: set[str] = set()
+        self._pending: dict[str, str] = {}
+        self._unserved: dict[str, str] = {}
+        self._conflicts_logged: set[tuple[str, str, str]] = set()
+        self._directories_missing: set[str] = set()
+        self._shadowed_logged: set[str] = set()
+        self.check(settle=False)
+
+    @classmethod
+    def attach(
+        cls, default: Reloader, directories: Iterable[str] | str | None, *, recipe_for: RecipeFor
+    ) -> SNIIdentities:
+        """Serve the identities in ``directories`` (or ``$TLSRELOAD_SNI``) through ``default``'s
+        context: handshakes are routed on its ``sni_callback``, and every check of ``default``
+        (its driver's tick) checks them too. Returns the new :class:`SNIIdentities`, also found
+        later with :func:`for_reloader`.
+
+        Raises:
+            ValueError: a directory does not exist.
+        """
+        identities = cls(
+            directories,
+            recipe_for=recipe_for,
+            ca_certs=default.files.ca_certs,
+            password=default.password,
+            interval=default.interval,
+            expiry_warning_days=default.expiry_warning_days,
+        )
+        default.set_route(identities.context_for)
+        default.add_callbacks(on_check=identities._on_default_check)
+        _attached[default] = identities
+        log.info(
+            "serving %d SNI identit%s from %s: %s",
+            len(identities._identities),
+            "y" if len(identities._identities) == 1 else "ies",
+            os.pathsep.join(identities.directories),
+            ", ".join(identities._identities) or "none yet",
+        )
+        return identities
+
+    # -- the lookup (inside OpenSSL's ClientHello callback) ----------------------------------
+
+    def context_for(self, server_name: str | None) -> ssl.SSLContext | None:
+        """The newest context of the identity serving ``server_name``, or ``None`` when no SNI
+        identity does (the default identity's, then). What Go's ``GetCertificate`` returns: a
+        dispatcher of your own can delegate to it. Constant time; never raises."""
+        reloader = self.reloader_for(server_name)
+        # The reloader's newest complete context: read as one reference, as its own swap does.
+        return None if reloader is None else reloader.newest_context
+
+    def reloader_for(self, server_name: str | None) -> Reloader | None:
+        """The :class:`~tlsreload_plugins.Reloader` of the identity serving ``server_name``, or ``None``."""
+        if not server_name:
+            return None
+        table = self._table
+        name = server_name.lower()
+        reloader = table.get(name)
+        if reloader is None:
+            dot = name.find(".")
+            if dot > 0:
+                reloader = table.get("*" + name[dot:])
+        return reloader
+
+    # -- reading state -------------------------------------------------------------------------
+
+    def reloaders(self) -> dict[str, Reloader]:
+        """The identities served, by name."""
+        return dict(self._identities)
+
+    def status(self) -> dict[str, Status]:
+        """Each served identity's :class:`~tlsreload_plugins.Status`, by name."""
+        return {name: reloader.status() for name, reloader in self._identities.items()}
+
+    def unserved(self) -> dict[str, str]:
+        """Identities found but not served (their files were never usable), by name: why."""
+        return dict(self._unserved)
+
+    def names(self) -> dict[str, str]:
+        """The routing table: each server name (or ``*.`` wildcard) and the identity that answers it."""
+        by_reloader = {id(reloader): name for name, reloader in self._identities.items()}
+        return {host: by_reloader.get(id(reloader), "?") for host, reloader in self._table.items()}
+
+    # -- the scan ------------------------------------------------------------------------------
+
+    def _on_default_check(self, outcome: Outcome, status: Status) -> None:
+        self.check()
+
+    def check(self, *, settle: bool = True) -> None:
+        """Scan the directories and check every identity once. Blocking (file I/O): drivers call it
+        through the default reloader's check, in their worker thread. Never raises for bad files."""
+        with self._lock:
+            offload = gevent_offload()
+            self._note_directories()
+            found, shadowed = _discover(self.directories)
+            for files in shadowed:
+                if files.certfile not in self._shadowed_logged:
+                    self._shadowed_logged.add(files.certfile)
+                    log.warning(
+                        "SNI identity %s is not served: an identity of the same name was found first",
+                        os.path.dirname(files.certfile),
+                    )
+            current = self._identities
+            served: dict[str, Reloader] = {}
+            for name, files in found.items():  # in precedence order
+                self._missing.discard(name)
+                known = current.get(name)
+                if known is None:
+                    known = self._add(name, files, settle)
+                else:
+                    known.check(settle=settle, offload=offload)
+                if known is not None:
+                    served[name] = known
+            for name, reloader in current.items():
+                if name in found:
+                    continue
+                if _is_alive(reloader.files):  # certbot relinking its files one at a time
+                    self._missing.discard(name)
+                    reloader.check(settle=settle, offload=offload)
+                elif name not in self._missing:  # gone once: served until the next scan confirms it
+                    self._missing.add(name)
+                else:
+                    self._missing.discard(name)
+                    log.info("SNI identity %s removed: its names now get the default certificate", name)
+                    continue
+                served[name] = reloader
+            for name in [*self._pending, *self._unserved]:
+                if name not in found:
+                    self._pending.pop(name, None)
+                    self._unserved.pop(name, None)
+            self._identities = served  # replaced, never mutated: status() may iterate the old one
+            leaves = tuple((name, reloader.leaf.sha256) for name, reloader in served.items())
+            if leaves != self._served_leaves:
+                self._served_leaves = leaves
+                self._rebuild()
+
+    def _note_directories(self) -> None:
+        for directory in self.directories:
+            exists = os.path.isdir(directory)
+            if not exists and directory not in self._directories_missing:
+                self._directories_missing.add(directory)
+                log.warning("SNI directory %s is gone: its identities are removed", directory)
+            elif exists and directory in self._directories_missing:
+                self._directories_missing.discard(directory)
+                log.info("SNI directory %s is back", directory)
+
+    def _add(self, name: str, found: TLSFiles, settle: bool) -> Reloader | None:
+        files = TLSFiles(found.certfile, found.keyfile, self.ca_certs)
+
+        def recipe() -> ssl.SSLContext:
+            return self.recipe_for(files)
+
+        try:
+            reloader = Reloader(
+                files.certfile,
+                files.keyfile,
+                recipe=recipe,
+                ca_certs=files.ca_certs,
+                password=self.password,
+                interval=self.interval,
+                expiry_warning_days=self.expiry_warning_days,
+            )
+        except (InvalidIdentity, TypeError) as e:
+            reason = str(e)
+            if settle and self._pending.get(name) != reason:  # maybe caught while being written
+                self._pending[name] = reason
+                return None
+            self._pending.pop(name, None)
+            if self._unserved.get(name) != reason:
+                self._unserved[name] = reason
+                log.warning("SNI identity %s not served (its names get the default certificate): %s", name, reason)
+            return None
+        self._pending.pop(name, None)
+        self._unserved.pop(name, None)
+        metrics.observe(reloader)
+        log.info("SNI identity %s: %s", name, reloader.describe())
+        return reloader
+
+    def _rebuild(self) -> None:
+        table: dict[str, Reloader] = {}
+        owner: dict[str, str] = {}
+        for name, reloader in self._identities.items():
+            for host in host_names(reloader.leaf.sans):
+                first = owner.get(host)
+                if first is None:
+                    owner[host] = name
+                    table[host] = reloader
+                elif first != name and (host, first, name) not in self._conflicts_logged:
+                    self._conflicts_logged.add((host, first, name))
+                    log.warning(
+                        "SNI name %s is claimed by identities %s and %s: %s serves it", host, first, name, first
+                    )
+        self._table = table  # one reference swap: a handshake sees the old table or the new one
+
+
+def for_reloader(default: Reloader) -> SNIIdentities | None:
+    """The :class:`SNIIdentities` attached to ``default``, or ``None``.
+
+    For an adapter's reloader: ``for_reloader(tlsreload_plugins.uvicorn.reloaders()[0])``.
+    """
+    return _attached.get(default)
+
+
+def attach_from_settings(
+    default: Reloader, directories: Iterable[str] | str | None, recipe_for: RecipeFor
+) -> SNIIdentities | None:
+    """What the adapters call: attach the configured identities, if any (``$TLSRELOAD_SNI`` when
+    ``directories`` is ``None``); ``None`` when none is configured.
+
+    Raises:
+        ValueError: a configured directory does not exist.
+    """
+    if not resolve_directories(directories):
+        return None
+    return SNIIdentities.attach(default, directories, recipe_for=recipe_for)

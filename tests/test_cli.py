@@ -214,9 +214,11 @@ def test_expired_not_yet_valid_and_warn_days_exit_3(
 
     status, out, err = check(capsys, *paths["expired"])
     assert status == EXIT_EXPIRY and expired.serial in out and "expired at" in err
+    assert "a running reloader refuses this pair" in err  # as Reloader.check does: judge_period
 
     status, out, err = check(capsys, *paths["future"])
     assert status == EXIT_EXPIRY and future.serial in out and "not valid before" in err
+    assert "a running reloader refuses this pair" in err
 
     assert check(capsys, *paths["soon"])[0] == EXIT_OK
     status, _, err = check(capsys, *paths["soon"], "--warn-days", "7")

@@ -221,3 +221,59 @@ def test_a_uvicorn_worker_that_drops_config_kwargs_stops_gunicorn_loudly(tmp_pat
     (line,) = [line for line in output.splitlines() if "[ERROR]" in line and "ssl_context_factory" in line]
     assert "ForgetfulWorker did not hand tlsreload's ssl_context_factory to uvicorn" in line
     assert "Worker failed to boot" in output
+
+
+CACHING_HOOK = """
+from tlsreload_plugins.gunicorn import add_reload
+
+_cached = []
+
+
+def ssl_context(conf, default_ssl_context_factory):
+    # A user's hook that builds its context once and hands the same object back every time.
+    if not _cached:
+        _cached.append(default_ssl_context_factory())
+    return _cached[0]
+
+
+add_reload(globals())
+"""
+
+HOOK_AFTER_ADD_RELOAD = """
+from tlsreload_plugins.gunicorn import add_reload
+
+add_reload(globals())
+
+
+def ssl_context(conf, default_ssl_context_factory):  # defined after add_reload: replaces its hook
+    return default_ssl_context_factory()
+"""
+
+
+@pytest.mark.parametrize(
+    ("config", "error"),
+    [(CACHING_HOOK, "returned a context already in use"), (HOOK_AFTER_ADD_RELOAD, "is not tlsreload's")],
+    ids=["hook-caches-its-context", "hook-defined-after-add_reload"],
+)
+def test_a_hook_that_defeats_reloading_is_an_error_never_a_reload_claim(
+    tmp_path: Path, ca: trustme.CA, config: str, error: str
+) -> None:
+    layout = KubeletLayout(tmp_path / "secret")
+    first, second = issue(ca), issue(ca)
+    layout.install(first)
+    (tmp_path / "hooks.conf.py").write_text(config)
+    port = free_port()
+    ctx = client_context(ca)
+    config_file = str(tmp_path / "hooks.conf.py")
+    args = gunicorn(port, layout.cert_path, layout.key_path, "-c", config_file, worker_class="gthread")
+    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    with run_server(args, tmp_path / "gunicorn.log", port, env=env) as server:
+        wait_every_worker(port, ctx, first.serial)
+        layout.install(second)
+        wait_until(lambda: server.output().count(error) >= 2, DEADLINE, what="an error from each worker")
+        served = {fetch(port, ctx)[0] for _ in range(8)}
+        output = assert_clean_exit(server)
+    assert RELOADED not in output, output
+    if config is CACHING_HOOK:
+        assert served == {first.serial}  # the cached context is what every connection still gets
+    assert "Traceback" not in output

@@ -214,7 +214,14 @@ def run_check(args: argparse.Namespace) -> int:
     print(describe_leaf(files, leaf, now))
     verdict = judge_validity(leaf, now, args.warn_days)
     if verdict.reason is not None:
-        print(f"tlsreload check: usable by the reloader, but {verdict.reason}", file=sys.stderr)
+        if leaf.not_before <= now < leaf.not_after:
+            print(f"tlsreload check: usable by the reloader, but {verdict.reason}", file=sys.stderr)
+        else:  # the reloader's own rule (identity.judge_period): refused on reload, served at start with a warning
+            print(
+                f"tlsreload check: a running reloader refuses this pair ({verdict.reason}); "
+                "a server starting with it serves it, with a warning",
+                file=sys.stderr,
+            )
     return verdict.status
 
 

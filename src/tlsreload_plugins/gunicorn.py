@@ -439,6 +439,17 @@ def _start_worker(
         _uvicorn_worker = _UvicornWorkerSetUp(os.getpid(), worker, user_ssl_context, interval, sni_setting)
         return
 
+    hook = worker.cfg.ssl_context
+    if not getattr(hook, "__qualname__", "").startswith(f"{reload_hooks.__name__}."):
+        # An ssl_context defined after add_reload(globals()) replaced ours: gunicorn never asks us for a
+        # context, so a reloader here would claim reloads that no handshake gets.
+        log.error(
+            "the ssl_context hook in effect (%s) is not tlsreload's: one defined after add_reload(globals()) "
+            "replaces it, and this worker's certificate is NOT reloaded; call add_reload(globals()) last",
+            getattr(hook, "__qualname__", repr(hook)),
+        )
+        return
+
     def recipe_for(files: TLSFiles) -> ssl.SSLContext:
         return _gunicorn_recipe(_with_files(worker.cfg, files))()
 

@@ -88,7 +88,9 @@ def test_drop_in_keeps_the_configuration_gunicorn_would_read(tmp_path: Path, ca:
         assert server.output().count("user config v1: post_worker_init") == 2, server.output()
 
         # HUP: gunicorn reads a configuration file again, and so does the drop-in.
-        user_config.write_text(USER_CONFIG.format(bind=f"{HOST}:{port}", version="v2"))
+        # A different length: Python's bytecode cache keys a source on its size and whole-second mtime, and
+        # gunicorn loads configuration files through it, so a same-size rewrite within a second is not seen.
+        user_config.write_text(USER_CONFIG.format(bind=f"{HOST}:{port}", version="v2 (after HUP)"))
         server.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: server.output().count("user config v2") == 2, DEADLINE, what="the new workers' hook")
         layout.install(pairs[2])

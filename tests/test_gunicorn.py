@@ -6,7 +6,6 @@ response body names the worker's pid) that every worker serves the newest certif
 
 from __future__ import annotations
 
-import contextlib
 import re
 import signal
 import ssl

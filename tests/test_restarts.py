@@ -142,11 +142,14 @@ def test_uvicorn_children_killed_on_broken_files_serve_the_last_good(tmp_path: P
     layout.install(first)
     port = free_port()
     ctx = client_context(ca)
-    args = drop_in(port, layout, "--workers", "2", app="gunicorn_apps:asgi")
+    args = drop_in(port, layout, "--workers", "2", "--log-level", "debug", app="gunicorn_apps:asgi")
     with start_uvicorn(args, tmp_path, port) as server:
         serving_pids(port, ctx)
         layout.install(last)
         wait_every_worker(port, ctx, last.serial)
+        # The supervisor finds the new pair on its own check (every interval): the files break only after that.
+        kept = f"started from now on get serial {last.serial}"
+        wait_until(lambda: kept in server.output(), DEADLINE, what="the supervisor to keep the new pair")
         supervisor = server.proc.pid
 
         def kill_each() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import mmap
 import os
 import shutil
@@ -50,6 +51,8 @@ from .identity import (
     read_files,
     validate,
 )
+
+log = logging.getLogger("tlsreload_plugins.lastgood")
 
 RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
 Stop = Callable[[], bool]
@@ -237,6 +240,7 @@ def keep_newest_valid(files: TLSFiles, password: Password, store: Store, interva
                 continue
             store.write(snapshot)
             kept = fingerprint(snapshot)
+            log.debug("processes started from now on get serial %s if the files are unusable then", leaf.serial)
 
     thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)
     thread.start()

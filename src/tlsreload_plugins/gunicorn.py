@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 
 from . import metrics, sni
 from .drivers import ThreadDriver
-from .identity import InvalidIdentity, Password, TLSFiles
+from .identity import InvalidIdentity, Password, TLSFiles, password_text
 from .lastgood import LastGood, RecipeFor, SharedStore, retry_until_usable, stop_signals_noted
 from .reloader import (
     Recipe,
@@ -467,14 +467,14 @@ def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLCo
 
     def recipe() -> ssl.SSLContext:
         if password is not None:  # uvicorn's default factory reads it from the Config on every call
-            config.ssl_keyfile_password = _password_text(password)
+            config.ssl_keyfile_password = password_text(password)
         return set_up.user_ssl_context(set_up.worker.cfg, default_factory)
 
     def recipe_for(files: TLSFiles) -> ssl.SSLContext:
         from uvicorn.config import create_ssl_context
 
         def uvicorn_factory() -> ssl.SSLContext:  # uvicorn's default factory (uvicorn/config.py), on `files`
-            secret = _password_text(password) if password is not None else config.ssl_keyfile_password
+            secret = password_text(password) if password is not None else config.ssl_keyfile_password
             return create_ssl_context(
                 keyfile=files.keyfile,
                 certfile=files.certfile,
@@ -488,11 +488,6 @@ def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLCo
         return set_up.user_ssl_context(_with_files(set_up.worker.cfg, files), uvicorn_factory)
 
     return _serve(set_up.worker, recipe, set_up.interval, recipe_for, set_up.sni).context
-
-
-def _password_text(password: Password) -> str | None:
-    value = password() if callable(password) else password
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _gunicorn_recipe(cfg: Any) -> Recipe:

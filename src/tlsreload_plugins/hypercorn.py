@@ -58,7 +58,7 @@ from hypercorn.config import Config
 
 from . import metrics, sni
 from .drivers import AsyncioDriver
-from .identity import InvalidIdentity, Password, ReloadError, TLSFiles
+from .identity import InvalidIdentity, Password, ReloadError, TLSFiles, password_text
 from .lastgood import CopyStore, LastGood, keep_newest_valid
 from .reloader import (
     INTERVAL_ENV,
@@ -207,7 +207,7 @@ class ReloadingConfig(Config):
             if files is not None:
                 config.certfile, config.keyfile, config.ca_certs = files.certfile, files.keyfile, files.ca_certs
             if self.keyfile_password is None and password is not None:
-                config.keyfile_password = _text(password)
+                config.keyfile_password = password_text(password)
             context = Config.create_ssl_context(config)
             if context is None:  # ssl_enabled was checked before: the files were unset since
                 raise InvalidIdentity("hypercorn built no SSL context: certfile or keyfile is no longer set")
@@ -223,11 +223,6 @@ class ReloadingConfig(Config):
                 "rotate), or drop --quic-bind",
                 " ".join(self.quic_bind),
             )
-
-
-def _text(password: Password) -> str | None:
-    value = password() if callable(password) else password
-    return value.decode() if isinstance(value, bytes) else value
 
 
 # -- a worker with nothing valid to serve --------------------------------------------------

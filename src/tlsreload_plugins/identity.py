@@ -281,6 +281,12 @@ def _is_encrypted(block: bytes) -> bool:
     return block.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") or b"Proc-Type: 4,ENCRYPTED" in block
 
 
+def password_text(password: Password) -> str | None:
+    """The text of ``password`` (calling it when it is a callable), for servers that take a ``str``."""
+    value = password() if callable(password) else password
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def password_bytes(password: Password) -> bytes | None:
     """The bytes of ``password`` (calling it when it is a callable, as :mod:`ssl` does)."""
     if callable(password):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__, metrics, sni
 from .drivers import AsyncioDriver
-from .identity import InvalidIdentity, Password, TLSFiles, read_files, validate
+from .identity import InvalidIdentity, TLSFiles, password_text, read_files, validate
 from .lastgood import CopyStore, LastGood, keep_newest_valid, retry_until_usable, stop_signals_noted
 from .reloader import (
     INTERVAL_ENV,
@@ -207,7 +207,7 @@ def _new_reloader(
 
         def recipe() -> ssl.SSLContext:
             # uvicorn's default factory reads the password from its Config on every call.
-            config.ssl_keyfile_password = _password_text(password)
+            config.ssl_keyfile_password = password_text(password)
             return default_factory()
 
     def recipe_for(files: TLSFiles) -> ssl.SSLContext:
@@ -217,7 +217,7 @@ def _new_reloader(
         return create_ssl_context(
             keyfile=files.keyfile,
             certfile=files.certfile,
-            password=_password_text(password) if password is not None else None,
+            password=password_text(password) if password is not None else None,
             ssl_version=config.ssl_version,
             cert_reqs=config.ssl_cert_reqs,
             ca_certs=files.ca_certs,
@@ -261,11 +261,6 @@ def _wait_for_usable_files(attempt: Callable[[], Reloader], error: InvalidIdenti
         sys.exit(0)
     log.info("process %s: the TLS files are usable again; serving", os.getpid())
     return reloader
-
-
-def _password_text(password: Password) -> str | None:
-    value = password() if callable(password) else password
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _startup_failure(message: str) -> NoReturn:

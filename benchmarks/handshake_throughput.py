@@ -32,7 +32,8 @@ import ssl
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import benchkit as kit
@@ -152,7 +153,15 @@ def compare(
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace,
+    *,
+    start: Callable[..., AbstractContextManager[Any]] = kit.running_server,
+    benchmark: str = "handshake_throughput",
+    target: float | None = None,
+) -> dict[str, Any]:
+    """Measure ``args.servers``, each started by ``start(server, plugin, cert, key, tmp)`` (hypercorn_throughput.py
+    passes its own); ``target`` replaces the per-server targets of this script."""
     methods = [m for m in args.clients_kind if m != "s_time" or shutil.which("openssl")]
     if len(methods) < len(args.clients_kind):
         kit.log("openssl not found: skipping the s_time client")
@@ -171,11 +180,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             kit.log(f"{server}: starting stock and plugin servers (1 worker each)")
             with ExitStack() as servers:
                 sides = {
-                    side: servers.enter_context(kit.running_server(server, side == "plugin", cert, key, tmp))
+                    side: servers.enter_context(start(server, side == "plugin", cert, key, tmp))
                     for side in ("stock", "plugin")
                 }
                 for method in methods:
-                    results.append(compare(server, method, sides, args.rounds, args.seconds, args.clients, pool))
+                    result = compare(server, method, sides, args.rounds, args.seconds, args.clients, pool)
+                    results.append(result if target is None else {**result, "target": target})
     targets = [
         kit.target_row(
             f"{r['server']} handshakes/s plugin/stock ({r['client']}) >= {r['target']}",
@@ -185,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for r in results
     ]
     return {
-        "benchmark": "handshake_throughput",
+        "benchmark": benchmark,
         "settings": {
             "rounds": args.rounds,
             "seconds per side per round": args.seconds,

@@ -16,15 +16,11 @@ hypercorn builds one context per worker and never rebuilds it, so the plugin can
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
-import multiprocessing
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -69,54 +65,9 @@ def running_hypercorn(server: str, plugin: bool, certfile: Path, keyfile: Path, 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    methods = [m for m in args.clients_kind if m != "s_time" or shutil.which("openssl")]
-    if len(methods) < len(args.clients_kind):
-        kit.log("openssl not found: skipping the s_time client")
-    results: list[dict[str, Any]] = []
-    with ExitStack() as stack:
-        pool = None
-        if "python" in methods:
-            mp = multiprocessing.get_context("spawn")
-            pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=mp))
-        tmp = stack.enter_context(kit.work_dir("hypercorn"))
-        pair = kit.CA().issue(args.key_type)
-        cert, key = tmp / "cert.pem", tmp / "key.pem"
-        cert.write_bytes(pair.chain)
-        key.write_bytes(pair.key)
-        for server in args.servers:
-            kit.log(f"{server}: starting stock and plugin servers (1 worker each)")
-            with ExitStack() as servers:
-                sides = {
-                    side: servers.enter_context(running_hypercorn(server, side == "plugin", cert, key, tmp))
-                    for side in ("stock", "plugin")
-                }
-                for method in methods:
-                    result = handshake_throughput.compare(
-                        server, method, sides, args.rounds, args.seconds, args.clients, pool
-                    )
-                    results.append({**result, "target": TARGET})
-    targets = [
-        kit.target_row(
-            f"{r['server']} handshakes/s plugin/stock ({r['client']}) >= {r['target']}",
-            f"{r['ratio']:.3f}x",
-            r["ratio"] >= r["target"],
-        )
-        for r in results
-    ]
-    return {
-        "benchmark": "hypercorn_throughput",
-        "settings": {
-            "rounds": args.rounds,
-            "seconds per side per round": args.seconds,
-            "python client processes": args.clients,
-            "server workers": 1,
-            "key type": args.key_type,
-            "hypercorn": metadata.version("hypercorn"),
-            "trio": metadata.version("trio"),
-        },
-        "results": results,
-        "targets": targets,
-    }
+    result = handshake_throughput.run(args, start=running_hypercorn, benchmark="hypercorn_throughput", target=TARGET)
+    result["settings"].update(hypercorn=metadata.version("hypercorn"), trio=metadata.version("trio"))
+    return result
 
 
 def report(result: dict[str, Any]) -> str:

@@ -227,19 +227,24 @@ def keep_newest_valid(files: TLSFiles, password: Password, store: Store, interva
     """
 
     def keep() -> None:
-        kept = ""
+        seen = ""  # the content judged last; not set for a pair refused for its dates only, which time changes
         while True:
             time.sleep(interval)
             try:
                 snapshot = read_files(files)
-                if fingerprint(snapshot) == kept:
+                current = fingerprint(snapshot)
+                if current == seen:
                     continue
-                leaf = validate(snapshot, password)
+                try:
+                    leaf = validate(snapshot, password)
+                except InvalidIdentity:
+                    seen = current  # unusable content is not parsed again on every check
+                    continue
                 judge_period(leaf, files, datetime.now(timezone.utc))
             except Exception:  # the serving processes report what is wrong; nothing is served here
                 continue
             store.write(snapshot)
-            kept = fingerprint(snapshot)
+            seen = current
             log.debug("processes started from now on get serial %s if the files are unusable then", leaf.serial)
 
     thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)

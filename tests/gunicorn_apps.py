@@ -4,6 +4,7 @@ worker served it."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -32,6 +33,30 @@ async def asgi(scope: dict[str, Any], receive: Receive, send: Send) -> None:
 
 async def respond_pid(send: Send) -> None:
     body = f"pid={os.getpid()}".encode()
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+WATCHED = ("asyncio", "cryptography", "prometheus_client")
+"""Modules whose presence the ``*_modules`` apps report: what a worker model does not need must not be loaded."""
+
+
+def modules_body() -> bytes:
+    return f"pid={os.getpid()} loaded={','.join(m for m in WATCHED if m in sys.modules)}".encode()
+
+
+def wsgi_modules(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    body = modules_body()
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+async def asgi_modules(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        await asgi(scope, receive, send)
+        return
+    body = modules_body()
     headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -28,7 +28,7 @@ from tlstest import (
     Server,
     client_context,
     free_port,
-    handshake,
+    get,
     issue,
     run_server,
     serial_of,
@@ -65,18 +65,12 @@ def start(args: list[str], tmp_path: Path) -> AbstractContextManager[Server]:
     return run_server(args, tmp_path / "gunicorn.log", port, env=env)
 
 
-def fetch(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> tuple[str, int]:
+def fetch(port: int, ctx: ssl.SSLContext, timeout: float = 10.0, server_name: str = "localhost") -> tuple[str, int]:
     """One HTTPS request on a new connection: (serial of the leaf served, pid of the worker)."""
-    with handshake(port, ctx, timeout) as tls:
-        der = tls.getpeercert(binary_form=True)
-        assert der is not None
-        tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        response = b""
-        while chunk := tls.recv(65536):
-            response += chunk
+    serial, response = get(port, ctx, timeout, server_name)
     match = re.search(rb"pid=(\d+)", response)
     assert match, response
-    return serial_of(der), int(match.group(1))
+    return serial, int(match.group(1))
 
 
 def wait_every_worker(port: int, ctx: ssl.SSLContext, serial: str, workers: int = 2) -> set[int]:

@@ -83,7 +83,7 @@ def cap_data() -> None:  # a preexec_fn
 def server_env() -> dict[str, str]:
     # PYTHONPATH from the environment is kept, so the suite can run against another copy of the package.
     paths = [str(TESTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL}
+    return {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL, "TLSRELOAD_METRICS": "1"}
 
 
 def server_args(kind: str, port: int, layout: RenameEachLayout, *extra: str) -> list[str]:

@@ -18,7 +18,7 @@ import trustme
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
 from tlsreload_plugins.identity import Snapshot
-from tlsreload_plugins.lastgood import CopyStore, LastGood, SharedStore, in_memory_files
+from tlsreload_plugins.lastgood import _HEADER, CopyStore, LastGood, SharedStore, in_memory_files
 from tlstest import Pair, client_context, issue, served_serial, wait_for_child
 
 
@@ -32,36 +32,99 @@ def snapshot_of(pair: Pair) -> Snapshot:
 
 def test_a_shared_store_written_by_a_forked_child_is_read_by_its_parent(ca: trustme.CA) -> None:
     store = SharedStore()
-    first, second = issue(ca), issue(ca)
+    first, second, shop = issue(ca), issue(ca), issue(ca, "shop.test")
     store.write(snapshot_of(first))
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             store.write(snapshot_of(second))
+            store.write(snapshot_of(shop), "shop")
             code = 0
         finally:
             os._exit(code)
     assert wait_for_child(pid) == 0
     assert store.read() == (second.chain, second.key, None)
+    assert store.read("shop") == (shop.chain, shop.key, None)
+    assert store.read("elsewhere") is None
 
 
-def test_a_torn_slot_falls_back_to_the_other(ca: trustme.CA) -> None:
+def newest_region(store: SharedStore) -> int:
+    return max((0, 1), key=store._generation)
+
+
+def test_a_torn_region_falls_back_to_the_other(ca: trustme.CA) -> None:
     store = SharedStore()
     first, second = issue(ca), issue(ca)
     store.write(snapshot_of(first))
     store.write(snapshot_of(second))
-    # A writer killed halfway through its next write: the newer slot's payload no longer matches its digest.
-    newer = max((0, 1), key=lambda i: store._slot(i)[0])  # type: ignore[index]
-    store._map[newer * len(store._map) // 2 + 100] ^= 0xFF
-    assert store.read() == (first.chain, first.key, None)
+    # A writer killed halfway through its next write: the newer region's payload no longer matches its digest.
+    store._map[newest_region(store) * store._region + 100] ^= 0xFF
+    fresh = SharedStore.__new__(SharedStore)  # another process's view: nothing cached
+    vars(fresh).update(vars(store), _cached=(-1, 0, {}))
+    assert fresh.read() == (first.chain, first.key, None)
+
+
+def test_writers_in_several_processes_at_once_lose_nothing(ca: trustme.CA) -> None:
+    """Four processes each write their own identity 40 times, all at once: every last write survives."""
+    store = SharedStore()
+    pairs = {f"site{n}": [issue(ca, f"site{n}.test") for _ in range(2)] for n in range(4)}
+    pids = []
+    for name, (one, two) in pairs.items():
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for round in range(40):
+                    store.write(snapshot_of(one if round % 2 else two), name)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    assert [wait_for_child(pid) for pid in pids] == [0] * 4
+    for name, (one, _) in pairs.items():
+        assert store.read(name) == (one.chain, one.key, None), name
+
+
+def test_identities_sharing_a_ca_bundle_keep_it_once_and_can_be_forgotten(ca: trustme.CA) -> None:
+    store = SharedStore()
+    bundle = b"".join(issue(ca).chain for _ in range(40))  # a client-CA bundle of some size
+    sites = {f"site{n}": issue(ca, f"site{n}.test") for n in range(20)}
+    for name, pair in sites.items():
+        store.write(Snapshot(TLSFiles("tls.crt", "tls.key", "ca.pem"), pair.chain, pair.key, bundle), name)
+    generation, length, _ = _HEADER.unpack_from(store._map, newest_region(store) * store._region)
+    assert length < len(bundle) + sum(len(p.chain) + len(p.key) for p in sites.values()) + 4096
+    assert store.read("site7") == (sites["site7"].chain, sites["site7"].key, bundle)
+    store.forget("site7")
+    assert store.read("site7") is None
+    assert store.read("site8") == (sites["site8"].chain, sites["site8"].key, bundle)
+    store.forget("site7")  # forgetting twice changes nothing
+    assert _HEADER.unpack_from(store._map, newest_region(store) * store._region)[0] == generation + 1
+
+
+def test_a_full_store_keeps_what_it_had_and_says_so_once(ca: trustme.CA, caplog: pytest.LogCaptureFixture) -> None:
+    pair = issue(ca)
+    store = SharedStore(region_bytes=len(pair.chain) + len(pair.key) + 200)
+    store.write(snapshot_of(pair))
+    big = issue(ca, "big.test")
+    for _ in range(3):
+        store.write(snapshot_of(big), "big")  # does not fit beside the first one: never raises
+    assert store.read() == (pair.chain, pair.key, None)
+    assert store.read("big") is None
+    full = [r.getMessage() for r in caplog.records if "is not kept" in r.getMessage()]
+    assert len(full) == 1 and "SNI identity big" in full[0], full
 
 
 def test_a_copy_store_travels_by_pickle(ca: trustme.CA) -> None:
     store = CopyStore()
-    pair = issue(ca)
+    pair, shop = issue(ca), issue(ca, "shop.test")
     store.write(snapshot_of(pair))
-    assert pickle.loads(pickle.dumps(store)).read() == (pair.chain, pair.key, None)
+    store.write(snapshot_of(shop), "shop")
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.read() == (pair.chain, pair.key, None)
+    assert copy.read("shop") == (shop.chain, shop.key, None)
+    copy.forget("shop")
+    assert copy.read("shop") is None and store.read("shop") is not None
 
 
 def test_in_memory_files_build_a_context_and_leave_nothing_on_disk(ca: trustme.CA) -> None:

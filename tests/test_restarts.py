@@ -21,9 +21,22 @@ from cryptography import x509
 from test_gunicorn import DROP_IN, UVICORN, WAITING, fetch, gunicorn, start, wait_every_worker
 from test_hypercorn import drop_in as hypercorn_drop_in
 from test_hypercorn import start as start_hypercorn
+from test_sni import install
+from test_sni_servers import command as sni_command
+from test_sni_servers import make_sites
 from test_uvicorn import drop_in
 from test_uvicorn import start as start_uvicorn
-from tlstest import Hammer, KubeletLayout, Pair, Server, client_context, free_port, issue, wait_until
+from tlstest import (
+    Hammer,
+    KubeletLayout,
+    Pair,
+    Server,
+    client_context,
+    free_port,
+    issue,
+    run_server,
+    wait_until,
+)
 
 LAST_GOOD = "serving the last good certificate this server served"
 DEADLINE = 30.0
@@ -77,9 +90,21 @@ def break_and_recycle(
         recycle()
         layout.write_files({"tls.crt": breakage.chain})  # the key is gone
         recycle()
-        assert {fetch(port, ctx)[0] for _ in range(8)} == {last.serial}
+        assert {fetch_through_drops(port, ctx) for _ in range(8)} == {last.serial}
     print(f"{recycle.__name__}: {hammer.successes} handshakes on the last good leaf, {len(hammer.failures)} dropped")
     assert_only(hammer, last.serial)
+
+
+def fetch_through_drops(port: int, ctx: ssl.SSLContext, attempts: int = 5) -> str:
+    """The serial a request gets, trying again when a worker being replaced drops the connection (stock
+    gunicorn's gevent worker drops those it accepts as max_requests stops it)."""
+    for attempt in range(attempts):
+        try:
+            return fetch(port, ctx)[0]
+        except OSError as e:
+            if not DROPPED.search(repr(e)) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.mark.parametrize("worker_class", ["sync", "gthread", "gevent", "tornado", "asgi", UVICORN])
@@ -253,3 +278,67 @@ def test_an_expired_last_good_is_not_served_after_a_restart(tmp_path: Path, ca: 
         layout.install(fixed)
         wait_until(lambda: fetch(port, ctx)[0] == fixed.serial, DEADLINE, what="the fixed leaf")
         assert server.proc.poll() is None, server.output()
+
+
+@pytest.mark.parametrize("server", ["gthread", "UvicornWorker", "tlsreload-uvicorn", "hypercorn"])
+def test_workers_restarted_while_an_sni_identity_is_broken_serve_its_last_good(
+    tmp_path: Path, ca: trustme.CA, server: str
+) -> None:
+    """Every worker is replaced (SIGKILL; hypercorn: HUP) while SNI identity ``a``'s files hold a mismatched
+    pair: the new workers serve a's last good leaf for a.test, not the default one, and b's from its files."""
+    sites = make_sites(tmp_path, ca)
+    port = free_port()
+    args, env, cwd = sni_command(server, port, sites, tmp_path)
+    args += [] if server in ("gthread", "UvicornWorker") else ["--log-level", "debug"]
+    ctx = client_context(ca)
+    with run_server(args, tmp_path / "server.log", port, env=env, cwd=cwd) as running:
+        wait_until(lambda: fetch(port, ctx, server_name="a.test")[0] == sites.a.serial, DEADLINE, what="a.test served")
+        a2 = install(sites.layouts["a"], issue(ca, "a.test"))
+        workers: set[int] = set()
+
+        def every_worker_on(serial: str) -> bool:
+            batch = [fetch(port, ctx, server_name="a.test") for _ in range(6)]
+            workers.update(pid for s, pid in batch if s == serial)
+            return all(s == serial for s, _ in batch) and len(workers) >= 2
+
+        wait_until(lambda: every_worker_on(a2.serial), DEADLINE, what="a2 served by every worker")
+        if server in ("tlsreload-uvicorn", "hypercorn"):  # their parent keeps the newest pair on its own check
+            kept = f"get serial {a2.serial} for SNI identity a"
+            wait_until(lambda: kept in running.output(), DEADLINE, what="the parent to keep a2")
+        sites.layouts["a"].write_raw(a2.chain, issue(ca, "a.test").key)  # a's key no longer matches
+        before = set(workers)
+        if server == "hypercorn":  # hypercorn stops the whole server when a worker is killed
+            running.proc.send_signal(signal.SIGHUP)
+        else:
+            for pid in sorted(before):
+                os.kill(pid, signal.SIGKILL)
+        fresh: set[int] = set()
+
+        def both_replaced() -> bool:
+            batch = [fetch(port, ctx, server_name="a.test") for _ in range(6)]
+            assert {s for s, _ in batch} == {a2.serial}, running.output()
+            fresh.update(pid for _, pid in batch if pid not in before)
+            return len(fresh) >= 2
+
+        with contextlib.suppress(OSError):  # connections the killed workers held
+            fetch(port, ctx, timeout=2, server_name="a.test")
+        wait_until(lambda: _tolerating_drops(both_replaced), DEADLINE, what="two new workers serving a2")
+        assert {fetch(port, ctx, server_name="b.test")[0] for _ in range(6)} == {sites.b.serial}
+        assert {fetch(port, ctx, server_name="x.w.test")[0] for _ in range(6)} == {sites.exact.serial}
+        a3 = install(sites.layouts["a"], issue(ca, "a.test"))
+        workers.clear()
+        wait_until(lambda: every_worker_on(a3.serial), DEADLINE, what="a3 served by every new worker")
+        assert running.proc.poll() is None, running.output()
+        output = running.output()
+    assert output.count(LAST_GOOD) >= 2, output  # each new worker, for identity a
+    assert str(sites.layouts["a"].key_path) in output, output
+
+
+def _tolerating_drops(check: Callable[[], bool]) -> bool:
+    """``check()``, counting a connection dropped by a worker being replaced as "not yet"."""
+    try:
+        return check()
+    except OSError as e:
+        if DROPPED.search(repr(e)):
+            return False
+        raise

@@ -18,7 +18,8 @@ import pytest
 import trustme
 
 from tls_server import make_recipe, serving
-from tlsreload_plugins import Reloader, SNIIdentities, ThreadDriver, TLSFiles
+from tlsreload_plugins import Reloader, SNIIdentities, ThreadDriver, TLSFiles, metrics
+from tlsreload_plugins.lastgood import LastGood, SharedStore
 from tlsreload_plugins.sni import SNI_ENV, for_reloader, host_names, resolve_directories
 from tlstest import HOST, CertbotLayout, KubeletLayout, Pair, client_context, issue, serial_of, wait_until
 
@@ -111,11 +112,28 @@ class Setup:
 
 
 @contextmanager
-def sni_server(tmp_path: Path, ca: trustme.CA, directories: list[str] | str | None) -> Iterator[Setup]:
+def sni_server(
+    tmp_path: Path,
+    ca: trustme.CA,
+    directories: list[str] | str | None,
+    *,
+    store: SharedStore | None = None,
+    with_metrics: bool = False,
+) -> Iterator[Setup]:
+    """A server with its default identity in ``tmp_path/default`` (kept as it is when it exists already,
+    as a restarted process finds it) and the SNI identities in ``directories``."""
     default_layout = KubeletLayout(tmp_path / "default")
-    default = install(default_layout, issue(ca, "default.test"))
+    if default_layout.cert_path.exists():
+        default = Pair(default_layout.cert_path.read_bytes(), default_layout.key_path.read_bytes(), "")
+    else:
+        default = install(default_layout, issue(ca, "default.test"))
     files = TLSFiles(str(default_layout.cert_path), str(default_layout.key_path))
-    reloader = Reloader(files.certfile, files.keyfile, recipe=lambda: recipe_for(files), interval=INTERVAL)
+    last_good = LastGood(store, recipe_for) if store is not None else None
+    reloader = Reloader(
+        files.certfile, files.keyfile, recipe=lambda: recipe_for(files), interval=INTERVAL, last_good=last_good
+    )
+    if with_metrics:
+        assert metrics.observe(reloader)
     identities = SNIIdentities.attach(reloader, directories, recipe_for=recipe_for)
     with serving(reloader.context) as port, ThreadDriver(reloader):
         yield Setup(default, reloader, identities, port)
@@ -241,14 +259,7 @@ def test_identities_added_and_removed_while_running(
         (broken / "tls.key").write_bytes(a.key)
         wait_until(lambda: "broken" in s.identities.unserved(), DEADLINE, what="the broken identity reported")
         # Removed: its names fall back to the default identity.
-        for path in sorted((sni / "a").iterdir()):
-            if path.is_dir() and not path.is_symlink():
-                for inner in path.iterdir():
-                    inner.unlink()
-                path.rmdir()
-            else:
-                path.unlink()
-        (sni / "a").rmdir()
+        _remove_tree(sni / "a")
         wait_until(lambda: sni_serial(s.port, any_name, "a.test") == s.default.serial, DEADLINE, what="a removed")
         assert set(s.identities.status()) == {"new"}
         assert sni_serial(s.port, verifying(ca), "new.test") == new.serial
@@ -404,8 +415,9 @@ def test_metrics_per_identity(tmp_path: Path, ca: trustme.CA) -> None:
     sni = tmp_path / "sni"
     layout = KubeletLayout(sni / "a")
     install(layout, issue(ca, "a.test"))
-    with sni_server(tmp_path, ca, str(sni)) as s:
-        labels = {"certfile": str(layout.cert_path)}
+    with sni_server(tmp_path, ca, str(sni), with_metrics=True) as s:
+        labels = {"certfile": str(layout.cert_path), "identity": "a"}
+        default_labels = {"certfile": str(tmp_path / "default" / "tls.crt"), "identity": "default"}
         registry = prometheus_client.REGISTRY
         not_after = registry.get_sample_value("tlsreload_certificate_not_after_timestamp_seconds", labels)
         assert not_after == s.identities.status()["a"].leaf.not_after.timestamp()
@@ -416,3 +428,68 @@ def test_metrics_per_identity(tmp_path: Path, ca: trustme.CA) -> None:
             what="the reload counted for a",
         )
         assert registry.get_sample_value("tlsreload_checks_total", labels) >= 1
+        assert registry.get_sample_value("tlsreload_reload_successes_total", default_labels) == 0.0
+
+
+def test_without_metrics_on_the_default_no_identity_exports_any(tmp_path: Path, ca: trustme.CA) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    sni = tmp_path / "sni"
+    layout = KubeletLayout(sni / "quiet")
+    install(layout, issue(ca, "quiet.test"))
+    with sni_server(tmp_path, ca, str(sni)) as s:
+        assert set(s.identities.status()) == {"quiet"}
+        labels = {"certfile": str(layout.cert_path), "identity": "quiet"}
+        assert prometheus_client.REGISTRY.get_sample_value("tlsreload_checks_total", labels) is None
+
+
+def test_a_process_started_on_broken_files_serves_each_identity_s_last_good(
+    tmp_path: Path, ca: trustme.CA, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a worker restarted while one identity's files are broken does: a new server on the same shared
+    store serves that identity's last good leaf for its names (not the default), the others from their files."""
+    sni = tmp_path / "sni"
+    layout_a = KubeletLayout(sni / "a")
+    install(layout_a, issue(ca, "a.test"))
+    b = install(KubeletLayout(sni / "b"), issue(ca, "b.test"))
+    store = SharedStore()
+    caplog.set_level(logging.INFO, logger="tlsreload_plugins")
+    with sni_server(tmp_path, ca, str(sni), store=store) as first:
+        a2 = install(layout_a, issue(ca, "a.test"))  # rotated while running: the newest is what is kept
+        wait_until(lambda: sni_serial(first.port, verifying(ca), "a.test") == a2.serial, DEADLINE, what="a rotated")
+        wait_until(lambda: store.read("a") == (a2.chain, a2.key, None), DEADLINE, what="a's new pair kept")
+        layout_a.write_raw(a2.chain, issue(ca, "a.test").key)  # then broken
+        with sni_server(tmp_path, ca, str(sni), store=store) as restarted:
+            assert sni_serial(restarted.port, verifying(ca), "a.test") == a2.serial
+            assert sni_serial(restarted.port, verifying(ca), "b.test") == b.serial
+            assert restarted.identities.status()["a"].last_error is not None
+            a3 = install(layout_a, issue(ca, "a.test"))
+            wait_until(lambda: sni_serial(restarted.port, verifying(ca), "a.test") == a3.serial, DEADLINE, what="a3")
+        warnings = [r.getMessage() for r in caplog.records if "serving the last good certificate" in r.getMessage()]
+        assert len(warnings) == 1 and str(layout_a.key_path) in warnings[0], warnings
+        # Removed from its directory: forgotten, so that a later process never serves it again.
+        _remove_tree(sni / "a")
+        wait_until(lambda: store.read("a") is None, DEADLINE, what="a forgotten once removed")
+        assert store.read("b") == (b.chain, b.key, None)
+
+
+def test_an_identity_never_served_before_is_not_served_broken(tmp_path: Path, ca: trustme.CA) -> None:
+    sni = tmp_path / "sni"
+    layout = KubeletLayout(sni / "fresh")
+    pair = issue(ca, "fresh.test")
+    layout.write_raw(pair.chain, issue(ca, "fresh.test").key)
+    store = SharedStore()
+    with sni_server(tmp_path, ca, str(sni), store=store) as s:
+        assert "fresh" in s.identities.unserved()
+        assert sni_serial(s.port, trusting(ca), "fresh.test") == s.default.serial
+        assert store.read("fresh") is None
+
+
+def _remove_tree(directory: Path) -> None:
+    for path in sorted(directory.iterdir()):
+        if path.is_dir() and not path.is_symlink():
+            for inner in path.iterdir():
+                inner.unlink()
+            path.rmdir()
+        else:
+            path.unlink()
+    directory.rmdir()

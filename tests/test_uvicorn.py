@@ -126,9 +126,9 @@ def test_help_is_uvicorns_plus_ours() -> None:
     for command in ([CONSOLE_SCRIPT], [sys.executable, *DROP_IN]):
         ours = run([*command, "--help"])
         assert ours.returncode == 0, ours.stderr
-        assert "--tls-reload-interval" in ours.stdout and "--tls-sni" in ours.stdout
+        assert all(option in ours.stdout for option in ("--tls-reload-interval", "--tls-sni", "--tls-metrics"))
         # Word for word uvicorn's help (same options, help texts and defaults), plus our options.
-        without_ours = re.sub(r"\n  --tls-(reload-interval|sni).*?(?=\n  --)", "", ours.stdout, flags=re.S)
+        without_ours = re.sub(r"\n  --tls-(reload-interval|sni|metrics).*?(?=\n  --)", "", ours.stdout, flags=re.S)
         assert without_ours.splitlines()[1:] == stock.stdout.splitlines()[1:]
         assert ours.stdout.splitlines()[0].endswith("[OPTIONS] APP")
 

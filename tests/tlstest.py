@@ -88,14 +88,34 @@ def client_context(ca: trustme.CA, client: Pair | None = None, **kwargs: Any) ->
     return ctx
 
 
-def handshake(port: int, ctx: ssl.SSLContext, timeout: float = 10.0, host: str = HOST) -> ssl.SSLSocket:
-    """One full handshake (fresh connection); returns the open TLS socket."""
+def handshake(
+    port: int, ctx: ssl.SSLContext, timeout: float = 10.0, host: str = HOST, server_name: str = "localhost"
+) -> ssl.SSLSocket:
+    """One full handshake (fresh connection) sending ``server_name``; returns the open TLS socket."""
     raw = socket.create_connection((host, port), timeout=timeout)
     try:
-        return ctx.wrap_socket(raw, server_hostname="localhost")
+        return ctx.wrap_socket(raw, server_hostname=server_name)
     except BaseException:
         raw.close()
         raise
+
+
+def get(port: int, ctx: ssl.SSLContext, timeout: float = 10.0, server_name: str = "localhost") -> tuple[str, bytes]:
+    """``GET /`` on a new connection sending ``server_name``: (serial of the leaf served, the whole response).
+
+    Raises:
+        ConnectionResetError: the connection was closed without a response (a worker stopping after the handshake).
+    """
+    with handshake(port, ctx, timeout, server_name=server_name) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        tls.sendall(f"GET / HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n".encode())
+        response = b""
+        while chunk := tls.recv(65536):
+            response += chunk
+    if not response:
+        raise ConnectionResetError("the connection was closed without a response")
+    return serial_of(der), response
 
 
 def served_serial(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> str:

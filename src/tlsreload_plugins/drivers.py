@@ -8,16 +8,18 @@ driver hands it to the hub's pool of native threads.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import logging
 import sys
 import threading
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .reloader import Examined, Offload, Outcome, Reloader
+
+if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio (about 2 MiB)
+    import asyncio
 
 log = logging.getLogger("tlsreload_plugins.drivers")
 
@@ -116,6 +118,8 @@ class AsyncioDriver:
 
     async def start(self) -> AsyncioDriver:
         """Start checking on the running loop; returns ``self``."""
+        import asyncio
+
         if self._task is not None:
             raise RuntimeError("AsyncioDriver already started")
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tlsreload")
@@ -123,6 +127,8 @@ class AsyncioDriver:
         return self
 
     async def _run(self) -> None:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.reloader.interval)
@@ -138,6 +144,8 @@ class AsyncioDriver:
         task, self._task = self._task, None
         if task is None:
             return
+        import asyncio
+
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

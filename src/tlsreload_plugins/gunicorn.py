@@ -91,6 +91,15 @@ WorkerExitHook = Callable[[Any, Any], object]
 SNISetting = Sequence[str] | str | None
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """tlsreload's own settings, from :func:`reload_hooks` (``None``: from the environment)."""
+
+    interval: float | None = None
+    sni: SNISetting = None
+    metrics: bool | None = None
+
+
 @dataclass
 class _Serving:
     pid: int
@@ -105,8 +114,7 @@ class _UvicornWorkerSetUp:
     pid: int
     worker: Any
     user_ssl_context: SSLContextHook
-    interval: float | None
-    sni: SNISetting = None
+    settings: _Settings
 
 
 _serving: _Serving | None = None
@@ -163,14 +171,17 @@ def reload_hooks(
     on_starting: ServerHook | None = None,
     interval: float | None = None,
     sni: SNISetting = None,
+    metrics: bool | None = None,
 ) -> dict[str, Callable[..., Any]]:
     """Return gunicorn hooks ``ssl_context``, ``on_starting``, ``post_worker_init`` and
     ``worker_exit`` that add certificate reloading to the given ones (each may be ``None``).
     ``interval`` defaults to ``$TLSRELOAD_INTERVAL``, else 1 second. Most configurations want
     :func:`add_reload`. ``when_ready``, given, is returned unchanged (the start-up check now runs
     in ``on_starting``, before gunicorn binds its sockets). ``sni``: directories of more identities
-    chosen by server name (default ``$TLSRELOAD_SNI``), see :mod:`tlsreload_plugins.sni`."""
+    chosen by server name (default ``$TLSRELOAD_SNI``), see :mod:`tlsreload_plugins.sni`. ``metrics``:
+    export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off), see :mod:`tlsreload_plugins.metrics`."""
     user_ssl_context = ssl_context or _gunicorn_default_ssl_context
+    settings = _Settings(interval, sni, metrics)
 
     def reloading_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
         reloader = worker_reloader()
@@ -182,13 +193,13 @@ def reload_hooks(
         return reloader.context
 
     def reloading_on_starting(server: Any) -> None:
-        _check_at_start(server, interval, sni)
+        _check_at_start(server, settings)
         if on_starting is not None:
             on_starting(server)
 
     def reloading_post_worker_init(worker: Any) -> None:
         # Ours first: the user's hook can then reach the reloader through worker_reloader().
-        _start_worker(worker, user_ssl_context, interval, sni)
+        _start_worker(worker, user_ssl_context, settings)
         if post_worker_init is not None:
             post_worker_init(worker)
 
@@ -210,11 +221,18 @@ def reload_hooks(
     return hooks
 
 
-def add_reload(namespace: MutableMapping[str, Any], *, interval: float | None = None, sni: SNISetting = None) -> None:
+def add_reload(
+    namespace: MutableMapping[str, Any],
+    *,
+    interval: float | None = None,
+    sni: SNISetting = None,
+    metrics: bool | None = None,
+) -> None:
     """Add certificate reloading to a gunicorn configuration module: call ``add_reload(globals())``
     at the end of ``gunicorn.conf.py``. Wraps the module's ``ssl_context``, ``on_starting``,
     ``post_worker_init`` and ``worker_exit`` (defining those it lacks); calling it twice changes nothing.
-    SNI identities: ``sni``, else the module's ``tls_sni`` (a list of directories), else ``$TLSRELOAD_SNI``."""
+    SNI identities: ``sni``, else the module's ``tls_sni`` (a list of directories), else ``$TLSRELOAD_SNI``.
+    Metrics: ``metrics``, else the module's ``tls_metrics``, else ``$TLSRELOAD_METRICS``, else off."""
     already = getattr(namespace.get("ssl_context"), "__qualname__", "")
     if already.startswith(f"{reload_hooks.__name__}."):
         return
@@ -226,6 +244,7 @@ def add_reload(namespace: MutableMapping[str, Any], *, interval: float | None = 
             on_starting=namespace.get("on_starting"),
             interval=interval,
             sni=sni if sni is not None else namespace.get("tls_sni"),
+            metrics=metrics if metrics is not None else namespace.get("tls_metrics"),
         )
     )
 
@@ -302,7 +321,7 @@ def _drop_in_settings() -> dict[str, Any]:
     read = {} if location is None else _read_config(location)
     settings = {k: v for k, v in read.items() if k in names}
     _chained_config = location
-    add_reload(settings, sni=read.get("tls_sni"))
+    add_reload(settings, sni=read.get("tls_sni"), metrics=read.get("tls_metrics"))
     on_starting, on_reload = settings.get("on_starting"), settings.get("on_reload")
 
     # gunicorn reads a configuration *file* again on HUP but imports a python: module once. Forgetting the
@@ -339,7 +358,7 @@ def _refuse_as_configuration() -> None:
 # -- in the arbiter -------------------------------------------------------------------------------
 
 
-def _check_at_start(arbiter: Any, interval: float | None = None, sni_setting: SNISetting = None) -> None:
+def _check_at_start(arbiter: Any, settings: _Settings) -> None:
     """In the arbiter, before gunicorn binds its sockets (what ``on_starting`` does): stop gunicorn
     with one clear error line when a setting or the files cannot make a context, instead of
     starting workers that fail; get a ``UvicornWorker`` to use the reloading factory."""
@@ -356,10 +375,11 @@ def _check_at_start(arbiter: Any, interval: float | None = None, sni_setting: SN
                 f"--keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
                 "(the key may be in the certificate file, not the other way round)"
             )
-        resolve_interval(interval)
+        resolve_interval(settings.interval)
         resolve_expiry_warning_days()
+        metrics.wanted(settings.metrics)
         password = resolve_password(None)
-        sni.resolve_directories(sni_setting)
+        sni.resolve_directories(settings.sni)
         _prepare_uvicorn_worker(cfg)
         files = TLSFiles(cfg.certfile, cfg.keyfile, cfg.ca_certs)
         snapshot, _, _ = _retry_at_start(lambda: load_identity(files, _gunicorn_recipe(cfg), password))
@@ -417,9 +437,7 @@ def _prepare_uvicorn_worker(cfg: Any) -> None:
 # -- inside a worker ------------------------------------------------------------------------------
 
 
-def _start_worker(
-    worker: Any, user_ssl_context: SSLContextHook, interval: float | None = None, sni_setting: SNISetting = None
-) -> None:
+def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: _Settings) -> None:
     """Set reloading up in this worker process (what ``post_worker_init`` does)."""
     global _uvicorn_worker
     _route_logs(worker.log)
@@ -436,7 +454,7 @@ def _start_worker(
                 type(worker).__name__,
             )
             sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR: the arbiter stops with "Worker failed to boot."
-        _uvicorn_worker = _UvicornWorkerSetUp(os.getpid(), worker, user_ssl_context, interval, sni_setting)
+        _uvicorn_worker = _UvicornWorkerSetUp(os.getpid(), worker, user_ssl_context, settings)
         return
 
     hook = worker.cfg.ssl_context
@@ -453,7 +471,7 @@ def _start_worker(
     def recipe_for(files: TLSFiles) -> ssl.SSLContext:
         return _gunicorn_recipe(_with_files(worker.cfg, files))()
 
-    _serve(worker, _gunicorn_recipe(worker.cfg), interval, recipe_for, sni_setting)
+    _serve(worker, _gunicorn_recipe(worker.cfg), recipe_for, settings)
 
 
 def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
@@ -487,7 +505,7 @@ def _uvicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLCo
 
         return set_up.user_ssl_context(_with_files(set_up.worker.cfg, files), uvicorn_factory)
 
-    return _serve(set_up.worker, recipe, set_up.interval, recipe_for, set_up.sni).context
+    return _serve(set_up.worker, recipe, recipe_for, set_up.settings).context
 
 
 def _gunicorn_recipe(cfg: Any) -> Recipe:
@@ -542,13 +560,11 @@ def _with_files(cfg: Any, files: TLSFiles) -> Any:
     return conf
 
 
-def _serve(
-    worker: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor, sni_setting: SNISetting = None
-) -> Reloader:
+def _serve(worker: Any, recipe: Recipe, recipe_for: RecipeFor, settings: _Settings) -> Reloader:
     global _serving
-    reloader = _first_reloader(worker, recipe, interval, recipe_for)
+    reloader = _first_reloader(worker, recipe, recipe_for, settings)
     try:
-        sni.attach_from_settings(reloader, sni_setting, recipe_for)
+        sni.attach_from_settings(reloader, settings.sni, recipe_for)
     except ValueError as e:  # a directory removed since the arbiter checked it
         log.error("worker %s serves no SNI identities: %s", os.getpid(), e)
     driver = ThreadDriver(reloader)
@@ -557,17 +573,18 @@ def _serve(
     return reloader
 
 
-def _new_reloader(cfg: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor) -> Reloader:
-    """Where each worker's :class:`~tlsreload_plugins.Reloader` is created, with its metrics when installed."""
+def _new_reloader(cfg: Any, recipe: Recipe, recipe_for: RecipeFor, settings: _Settings) -> Reloader:
+    """Where each worker's :class:`~tlsreload_plugins.Reloader` is created, with its metrics when wanted."""
     last_good = LastGood(_last_good, recipe_for) if _last_good is not None else None
     reloader = Reloader(
-        cfg.certfile, cfg.keyfile, recipe=recipe, ca_certs=cfg.ca_certs, interval=interval, last_good=last_good
+        cfg.certfile, cfg.keyfile, recipe=recipe, ca_certs=cfg.ca_certs, interval=settings.interval, last_good=last_good
     )
-    metrics.observe(reloader)
+    if metrics.wanted(settings.metrics):
+        metrics.observe(reloader)
     return reloader
 
 
-def _first_reloader(worker: Any, recipe: Recipe, interval: float | None, recipe_for: RecipeFor) -> Reloader:
+def _first_reloader(worker: Any, recipe: Recipe, recipe_for: RecipeFor, settings: _Settings) -> Reloader:
     """Build the worker's reloader: from the files, else from the last good identity the server
     served; while neither is usable (the last good one expired), wait for usable files.
 
@@ -578,7 +595,7 @@ def _first_reloader(worker: Any, recipe: Recipe, interval: float | None, recipe_
     """
 
     def attempt() -> Reloader:
-        return _new_reloader(worker.cfg, recipe, interval, recipe_for)
+        return _new_reloader(worker.cfg, recipe, recipe_for, settings)
 
     try:
         return _retry_at_start(attempt)

@@ -37,12 +37,9 @@ reloading, it stops the server at start-up with one error.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import copy
 import functools
 import importlib
-import importlib.metadata
 import logging
 import multiprocessing
 import os
@@ -51,9 +48,8 @@ import ssl
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import hypercorn.run
 from hypercorn.config import Config
 
 from . import metrics, sni
@@ -71,6 +67,10 @@ from .reloader import (
 )
 
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
+
+if TYPE_CHECKING:
+    import argparse  # the command line's: not imported in the worker processes, which import this module too
+    import asyncio  # a trio worker has no use for it (about 2 MiB)
 
 log = logging.getLogger("tlsreload_plugins.hypercorn")
 
@@ -101,9 +101,10 @@ class ReloadingConfig(Config):
 
     Use it wherever a ``Config`` goes: ``ReloadingConfig()``, ``ReloadingConfig.from_toml(path)``,
     ``from_mapping``, ``from_object``. Besides hypercorn's settings it reads
-    ``tls_reload_interval`` (seconds between checks; ``None``: ``$TLSRELOAD_INTERVAL``, else 1)
-    and ``tls_sni`` (directories of more identities chosen by server name; ``None``:
-    ``$TLSRELOAD_SNI``; see :mod:`tlsreload_plugins.sni`).
+    ``tls_reload_interval`` (seconds between checks; ``None``: ``$TLSRELOAD_INTERVAL``, else 1),
+    ``tls_sni`` (directories of more identities chosen by server name; ``None``:
+    ``$TLSRELOAD_SNI``; see :mod:`tlsreload_plugins.sni`) and ``tls_metrics`` (export Prometheus
+    metrics; ``None``: ``$TLSRELOAD_METRICS``, else off; see :mod:`tlsreload_plugins.metrics`).
 
     Example::
 
@@ -116,6 +117,7 @@ class ReloadingConfig(Config):
 
     tls_reload_interval: float | None = None
     tls_sni: list[str] | None = None
+    tls_metrics: bool | None = None
     _tls_last_good: CopyStore | None = None  # see _last_good()
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
@@ -157,7 +159,11 @@ class ReloadingConfig(Config):
             if stopping is None or last_good.store.read() is None:  # not a worker, or nothing was ever valid
                 _startup_failure("cannot serve TLS: %s", e)
             reloader = _wait_for_usable_files(attempt, e, stopping, resolve_interval(self.tls_reload_interval))
-        metrics.observe(reloader)
+        try:
+            if metrics.wanted(self.tls_metrics):
+                metrics.observe(reloader)
+        except ValueError as e:  # a bad $TLSRELOAD_METRICS
+            _startup_failure("cannot serve TLS: %s", e)
         try:
             sni.attach_from_settings(reloader, self.tls_sni, lambda other: self._recipe(password, other)())
         except ValueError as e:  # a directory that does not exist
@@ -181,11 +187,12 @@ class ReloadingConfig(Config):
         try:
             resolve_interval(self.tls_reload_interval)
             resolve_expiry_warning_days()
+            metrics.wanted(self.tls_metrics)
             sni.resolve_directories(self.tls_sni)
-            snapshot, _, _ = load_identity(self._files(), self._recipe(password), password)
+            snapshot, leaf, _ = load_identity(self._files(), self._recipe(password), password)
         except (ReloadError, ValueError) as e:
             _startup_failure("cannot serve TLS: %s", e)
-        self._last_good().write(snapshot)
+        self._last_good().write(snapshot, leaf=leaf)
 
     def _files(self) -> TLSFiles:
         return TLSFiles(str(self.certfile), str(self.keyfile), str(self.ca_certs) if self.ca_certs else None)
@@ -287,12 +294,14 @@ def _wait_for_usable_files(
 
 def _checker_for_this_loop() -> Callable[[Reloader], None]:
     """How to check a reloader from the event loop running this call, asyncio's or trio's."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        return functools.partial(_start_asyncio, loop)
+    asyncio = sys.modules.get("asyncio")  # a running asyncio loop has it imported
+    if asyncio is not None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            return functools.partial(_start_asyncio, loop)
     trio = sys.modules.get("trio")
     if trio is not None:
         try:
@@ -303,7 +312,7 @@ def _checker_for_this_loop() -> Callable[[Reloader], None]:
             return _start_trio
     # hypercorn has always built the context inside its worker's loop; if a new version does
     # not, nothing would ever check the files: refuse rather than serve a frozen certificate.
-    hypercorn_version = importlib.metadata.version("hypercorn")
+    hypercorn_version = _hypercorn_version()
     _startup_failure(
         "create_ssl_context() was called outside a running asyncio or trio loop (hypercorn %s), so "
         "nothing could check the certificate files; tlsreload does not support this hypercorn",
@@ -393,7 +402,9 @@ def _route_logs(hypercorn_logger: Any) -> None:
 # -- the drop-in command -------------------------------------------------------------------
 
 
-def _serve(config: Config, *, interval: float | None, sni_directories: list[str] | None = None) -> int:
+def _serve(
+    config: Config, *, interval: float | None, sni_directories: list[str] | None = None, metrics: bool | None = None
+) -> int:
     """What hypercorn's command runs, given the Config it built: the same, reloading."""
     reloading = ReloadingConfig()
     vars(reloading).update(vars(config))  # every setting, from the command line and -c alike
@@ -401,16 +412,29 @@ def _serve(config: Config, *, interval: float | None, sni_directories: list[str]
         reloading.tls_reload_interval = interval
     if sni_directories:
         reloading.tls_sni = sni_directories
+    if metrics:
+        reloading.tls_metrics = True
     reloading.check_tls_files()
     if reloading.ssl_enabled and reloading.workers > 0:
         # hypercorn starts workers later too (SIGHUP, --reload): each gets the newest valid pair seen here.
         password = resolve_password(reloading.keyfile_password)
         every = resolve_interval(reloading.tls_reload_interval)
-        keep_newest_valid(reloading._files(), password, reloading._last_good(), every)
+        identities = sni.every_identity(reloading._files(), reloading.tls_sni)
+        keep_newest_valid(identities, password, reloading._last_good(), every)
+    import hypercorn.run
+
     return hypercorn.run.run(reloading)
 
 
+def _hypercorn_version() -> str:
+    import importlib.metadata  # only for an error message: it costs a worker about 2 MiB (email, csv, zipfile)
+
+    return importlib.metadata.version("hypercorn")
+
+
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(prog="tlsreload-hypercorn", add_help=False, allow_abbrev=False)
     group = parser.add_argument_group("tlsreload options")
     group.add_argument(
@@ -426,6 +450,13 @@ def _parser() -> argparse.ArgumentParser:
         help="A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
         f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
     )
+    group.add_argument(
+        "--tls-metrics",
+        action="store_true",
+        default=None,
+        help=f"Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
+        f"Defaults to ${metrics.METRICS_ENV}.",
+    )
     return parser
 
 
@@ -433,6 +464,8 @@ def main(args: Sequence[str] | None = None) -> None:
     """``tlsreload-hypercorn``: hypercorn's command line, reloading certificates."""
     parser = _parser()
     options, rest = parser.parse_known_args(sys.argv[1:] if args is None else list(args))
+    import hypercorn.run  # the command line's: a worker process imports this module without it
+
     cli: Any = importlib.import_module("hypercorn.__main__")
     if {"-h", "--help"} & set(rest):
         try:
@@ -453,9 +486,9 @@ def main(args: Sequence[str] | None = None) -> None:
         _startup_failure(
             "tlsreload-hypercorn does not know how this hypercorn (%s) starts its server: "
             "hypercorn.__main__.main no longer hands its Config to hypercorn.run.run",
-            importlib.metadata.version("hypercorn"),
+            _hypercorn_version(),
         )
-    cli.run = functools.partial(_serve, interval=interval, sni_directories=options.tls_sni)
+    cli.run = functools.partial(_serve, interval=interval, sni_directories=options.tls_sni, metrics=options.tls_metrics)
     if args is None:
         sys.argv[1:] = rest  # hypercorn's main reads sys.argv when given no arguments
     try:

@@ -2,6 +2,11 @@
 
 Nothing here knows about a server. Every function is plain code over bytes so that the
 decision "is what is on disk now usable?" can be tested without a socket.
+
+``cryptography`` is imported by the functions that parse, when first called: reading and
+fingerprinting need none of it, and a worker process whose files its server's parent has already
+validated (see :mod:`tlsreload_plugins.lastgood`) is spared its memory (about 5 MiB) until it has
+new content to judge.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
 Password = str | bytes | Callable[[], str | bytes] | None
 """A key password as :meth:`ssl.SSLContext.load_cert_chain` accepts it."""
@@ -244,6 +250,8 @@ def _load_certificates(data: bytes, path: str, role: str) -> list[x509.Certifica
         raise InvalidIdentity(
             f"{role} file {path} is truncated: {begins} certificates begin but {ends} are complete", path=path
         )
+    from cryptography import x509
+
     try:
         certs = x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -309,6 +317,8 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
                 path=path,
             )
         raise InvalidIdentity(f"key file {path} holds no PEM private key", path=path)
+    from cryptography.hazmat.primitives import serialization
+
     secret = password_bytes(password)
     # cryptography's RSA consistency check holds the GIL for ~30 ms (RSA 2048) to ~210 ms (RSA 4096),
     # stalling every handshake in the worker during a reload. Whether the key belongs to the certificate
@@ -345,6 +355,8 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
 
 
 def _spki(key: object) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     public_bytes = getattr(key, "public_bytes")  # noqa: B009 - every public key type has it
     result: bytes = public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return result
@@ -362,6 +374,9 @@ def leaf_info(cert: x509.Certificate) -> Leaf:
     Raises:
         ValueError: an extension is malformed (cryptography parses extensions only when asked).
     """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         sans = tuple(str(getattr(name, "value", name)) for name in san)
@@ -380,6 +395,8 @@ def leaf_info(cert: x509.Certificate) -> Leaf:
 def _cert_list_bytes(certs: list[x509.Certificate]) -> int:
     # TLS 1.3 Certificate message: 4-byte header, context, 3-byte list length, then per certificate a
     # 3-byte length, the DER and 2 bytes of (empty) extensions.
+    from cryptography.hazmat.primitives import serialization
+
     return 8 + sum(5 + len(cert.public_bytes(serialization.Encoding.DER)) for cert in certs)
 
 

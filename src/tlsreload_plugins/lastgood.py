@@ -6,7 +6,8 @@ uvicorn's supervisor replacing a child). A new process reads the files like the 
 if they are broken at that moment it has nothing to serve, although its siblings were serving a
 good certificate a moment before. :class:`LastGood` keeps the newest identity a server put in
 service in a :class:`Store` its processes share, and builds a context from it when the files
-cannot be used:
+cannot be used. A store keeps one identity per name: the configured one (:data:`DEFAULT`) and
+each SNI identity (:mod:`tlsreload_plugins.sni`) under its own name.
 
 * :class:`SharedStore` for servers that ``fork()`` their workers (gunicorn): an anonymous shared
   memory mapping created before the first fork. Every worker writes what it starts serving; every
@@ -22,6 +23,7 @@ directory (0700, files 0600) and are removed as soon as the context is built.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import mmap
@@ -33,13 +35,12 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Protocol, TypeVar
 
 from .identity import (
-    MAX_FILE_BYTES,
     InvalidIdentity,
     Leaf,
     Password,
@@ -60,78 +61,229 @@ T = TypeVar("T")
 """Builds the server's context exactly as it does from its configured files, but from ``files``."""
 
 
+Parts = tuple[bytes, "bytes | None", "bytes | None"]
+"""An identity as kept: the bytes of its certificate, key and client-CA files (``None``: no such file)."""
+
+DEFAULT = ""
+"""The name the configured identity (certfile and keyfile) is kept under. SNI identities are kept under
+their own names (their directories' names), which are never empty."""
+
+
 class Store(Protocol):
-    """Where the processes of one server keep the newest identity any of them served."""
+    """Where the processes of one server keep the newest identity each of its names served."""
 
-    def write(self, snapshot: Snapshot) -> None:
-        """Keep ``snapshot`` (already validated and being served)."""
+    def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
+        """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
+        ``leaf`` its validation found. Never raises."""
 
-    def read(self) -> tuple[bytes, bytes | None, bytes | None] | None:
-        """The newest ``(cert, key, ca)`` kept, or ``None``."""
+    def read(self, name: str = DEFAULT) -> Parts | None:
+        """The newest ``(cert, key, ca)`` kept for ``name``, or ``None``."""
+
+    def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
+        """The identity kept for ``name`` with the leaf its validation found, when the store keeps that."""
+
+    def forget(self, name: str) -> None:
+        """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
 
 
 class CopyStore:
-    """A holder that travels by copy: pickled into each new process with the server's configuration."""
+    """A holder that travels by copy: pickled into each new process with the server's configuration.
+
+    It keeps each identity with the leaf its validation found: a process started with it whose
+    files hold exactly those bytes takes that verdict instead of parsing them again, and so does
+    not import ``cryptography`` until it has new content to judge. Its table is replaced on every
+    change, never changed in place: the server may pickle it for a new process while the parent's
+    keeper thread writes.
+    """
 
     def __init__(self) -> None:
-        self.parts: tuple[bytes, bytes | None, bytes | None] | None = None
+        self.identities: dict[str, tuple[Parts, Leaf | None]] = {}
 
-    def write(self, snapshot: Snapshot) -> None:
-        self.parts = (snapshot.cert, snapshot.key, snapshot.ca)
+    def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
+        self.identities = {**self.identities, name: ((snapshot.cert, snapshot.key, snapshot.ca), leaf)}
 
-    def read(self) -> tuple[bytes, bytes | None, bytes | None] | None:
-        return self.parts
+    def read(self, name: str = DEFAULT) -> Parts | None:
+        kept = self.identities.get(name)
+        return None if kept is None else kept[0]
+
+    def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
+        kept = self.identities.get(name)
+        return None if kept is None or kept[1] is None else (kept[0], kept[1])
+
+    def forget(self, name: str) -> None:
+        self.identities = {key: parts for key, parts in self.identities.items() if key != name}
 
 
-_HEADER = struct.Struct("<Q3q32s")  # generation, three lengths (-1: no such file), sha256 of the payload
-_SLOT_BYTES = _HEADER.size + 3 * MAX_FILE_BYTES
+_HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the payload
+_COUNT = struct.Struct("<I")
+_ENTRY = struct.Struct("<3i")  # indices of an identity's cert, key and CA among the table's blobs (-1: none)
+
+REGION_BYTES = 16 * 1024 * 1024
+"""Room for the table of kept identities in a :class:`SharedStore`: the configured identity and
+thousands of SNI identities (a few KiB each; a client-CA bundle shared by all of them is kept once).
+Only the pages written are ever used."""
+
+LOCK_WAIT = 2.0
+"""Seconds a write waits for another process's write to end before giving up (it logs why)."""
+
+
+def encode(table: Mapping[str, Parts]) -> bytes:
+    """The payload of a :class:`SharedStore` region: each distinct file content once, then each
+    identity's name and the indices of its contents (SNI identities share the client-CA bundle)."""
+    blobs: dict[bytes, int] = {}
+    entries: list[bytes] = []
+    for name, parts in table.items():
+        indices = [-1 if part is None else blobs.setdefault(part, len(blobs)) for part in parts]
+        label = name.encode()
+        entries += [_COUNT.pack(len(label)), label, _ENTRY.pack(*indices)]
+    out = [_COUNT.pack(len(blobs))]
+    for blob in blobs:  # in index order: a dict keeps insertion order
+        out += [_COUNT.pack(len(blob)), blob]
+    return b"".join([*out, _COUNT.pack(len(table)), *entries])
+
+
+def decode(payload: bytes) -> dict[str, Parts]:
+    """The table :func:`encode` wrote. Raises ``ValueError`` on a payload it did not write."""
+    view = memoryview(payload)
+    at = 0
+
+    def take(n: int) -> bytes:
+        nonlocal at
+        if n < 0 or at + n > len(view):
+            raise ValueError("truncated table")
+        at += n
+        return bytes(view[at - n : at])
+
+    def count() -> int:
+        (n,) = _COUNT.unpack(take(_COUNT.size))
+        return int(n)
+
+    blobs = [take(count()) for _ in range(count())]
+    table: dict[str, Parts] = {}
+    for _ in range(count()):
+        name = take(count()).decode()
+        cert, key, ca = (None if i < 0 else blobs[i] for i in _ENTRY.unpack(take(_ENTRY.size)))
+        if cert is None:
+            raise ValueError(f"identity {name!r} kept without a certificate")
+        table[name] = (cert, key, ca)
+    return table
+
+
+def _named(name: str) -> str:
+    return f"SNI identity {name}" if name else "the server"
 
 
 class SharedStore:
     """An anonymous ``MAP_SHARED`` mapping: created in a parent before ``fork()``, shared by all its children.
 
-    Two slots, written alternately, each with a generation number and a digest of its payload: a
-    writer killed halfway, or two writing at once, leave a slot whose digest does not match, and
-    the reader takes the other one. Readers validate what they read anyway. Pages are only used
-    once written (a chain and key take a few KiB).
+    It holds one table of identities, by name, in one of two regions written alternately, each with a
+    generation number and a digest of its payload: a writer killed halfway leaves a region whose
+    digest does not match, and readers take the other one (they validate what they read anyway).
+    Writers take turns through a POSIX record lock, which the kernel releases when its holder dies,
+    and never wait on it: they try again every millisecond, so a gevent hub is never blocked, and
+    give up after :data:`LOCK_WAIT` seconds.
     """
 
-    def __init__(self) -> None:
-        self._map = mmap.mmap(-1, 2 * _SLOT_BYTES, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+    def __init__(self, region_bytes: int = REGION_BYTES) -> None:
+        self._region = _HEADER.size + region_bytes
+        self._map = mmap.mmap(-1, 2 * self._region, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+        # The lock's file holds nothing: in memory where the system allows it, else an unlinked empty file.
+        if hasattr(os, "memfd_create"):
+            self._lock_fd = os.memfd_create("tlsreload-lock", getattr(os, "MFD_CLOEXEC", 1))
+        else:
+            with tempfile.TemporaryFile() as lock_file:
+                self._lock_fd = os.dup(lock_file.fileno())
+        self._in_process = threading.Lock()  # POSIX record locks do not exclude threads of one process
+        self._cached: tuple[int, int, dict[str, Parts]] = (-1, 0, {})  # region, generation, table
+        self._full_logged: set[str] = set()
 
-    def _slot(self, index: int) -> tuple[int, tuple[bytes, bytes | None, bytes | None]] | None:
-        base = index * _SLOT_BYTES
-        generation, *lengths, digest = _HEADER.unpack_from(self._map, base)
-        if generation == 0 or any(n > MAX_FILE_BYTES for n in lengths):
-            return None
-        start = base + _HEADER.size
-        payload = self._map[start : start + sum(max(n, 0) for n in lengths)]
-        if hashlib.sha256(payload).digest() != digest:
-            return None
-        parts: list[bytes | None] = []
-        for n in lengths:
-            parts.append(None if n < 0 else payload[:n])
-            payload = payload[max(n, 0) :]
-        cert, key, ca = parts
-        return (generation, (cert, key, ca)) if cert is not None else None
+    def _generation(self, index: int) -> int:
+        generation: int = _HEADER.unpack_from(self._map, index * self._region)[0]
+        return generation
 
-    def read(self) -> tuple[bytes, bytes | None, bytes | None] | None:
-        slots = [slot for slot in (self._slot(0), self._slot(1)) if slot is not None]
-        return max(slots, key=lambda slot: slot[0])[1] if slots else None
+    def _table(self) -> dict[str, Parts]:
+        """The newest intact table (empty when none is)."""
+        for index in sorted((0, 1), key=self._generation, reverse=True):
+            base = index * self._region
+            generation, length, digest = _HEADER.unpack_from(self._map, base)
+            if generation == 0 or length > self._region - _HEADER.size:
+                continue
+            if self._cached[:2] == (index, generation):  # a region is rewritten only under a new generation
+                return self._cached[2]
+            payload = self._map[base + _HEADER.size : base + _HEADER.size + length]
+            if hashlib.sha256(payload).digest() != digest or self._generation(index) != generation:
+                continue  # torn, or being rewritten as it was read
+            try:
+                table = decode(payload)
+            except ValueError:
+                continue
+            self._cached = (index, generation, table)
+            return table
+        return {}
 
-    def write(self, snapshot: Snapshot) -> None:
+    def read(self, name: str = DEFAULT) -> Parts | None:
+        return self._table().get(name)
+
+    def verdict(self, name: str = DEFAULT) -> None:
+        """Never kept here: a forked worker has ``cryptography`` loaded before the fork anyway."""
+        return None
+
+    def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
         parts = (snapshot.cert, snapshot.key, snapshot.ca)
-        if self.read() == parts:
-            return
-        generations = [_HEADER.unpack_from(self._map, i * _SLOT_BYTES)[0] for i in (0, 1)]
-        index = 0 if generations[0] <= generations[1] else 1  # overwrite the older slot
-        payload = b"".join(part or b"" for part in parts)
-        lengths = [-1 if part is None else len(part) for part in parts]
-        base = index * _SLOT_BYTES
-        _HEADER.pack_into(self._map, base, 0, *lengths, b"")  # invalid while being written
-        self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
-        digest = hashlib.sha256(payload).digest()
-        _HEADER.pack_into(self._map, base, max(generations) + 1, *lengths, digest)
+        if self.read(name) != parts:
+            self._change(name, lambda table: table.__setitem__(name, parts))
+
+    def forget(self, name: str) -> None:
+        if self.read(name) is not None:
+            self._change(name, lambda table: table.pop(name, None))
+
+    def _change(self, name: str, change: Callable[[dict[str, Parts]], object]) -> None:
+        with self._exclusive() as locked:
+            if not locked:
+                log.warning("the last good certificate of %s is not kept: another process held the store", _named(name))
+                return
+            table = dict(self._table())
+            change(table)
+            payload = encode(table)
+            if len(payload) > self._region - _HEADER.size:
+                if name not in self._full_logged:
+                    self._full_logged.add(name)
+                    log.warning(
+                        "the last good certificate of %s is not kept: the identities kept would take %d bytes, "
+                        "more than the %d kept in memory",
+                        _named(name),
+                        len(payload),
+                        self._region - _HEADER.size,
+                    )
+                return
+            generations = [self._generation(i) for i in (0, 1)]
+            index = 0 if generations[0] <= generations[1] else 1  # overwrite the older region
+            base = index * self._region
+            _HEADER.pack_into(self._map, base, 0, len(payload), b"")  # invalid while being written
+            self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
+            _HEADER.pack_into(self._map, base, max(generations) + 1, len(payload), hashlib.sha256(payload).digest())
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        """Hold the store's write lock for the block (``True``), or ``False`` after :data:`LOCK_WAIT` seconds."""
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            if self._in_process.acquire(blocking=False):
+                try:
+                    fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # another process is writing
+                    self._in_process.release()
+                else:
+                    try:
+                        yield True
+                    finally:
+                        fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
+                        self._in_process.release()
+                    return
+            if time.monotonic() > deadline:
+                yield False
+                return
+            time.sleep(0.001)  # cooperative under gevent
 
 
 @contextlib.contextmanager
@@ -174,19 +326,30 @@ def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None) -> Iterato
 
 @dataclass(frozen=True)
 class LastGood:
-    """The newest identity a server served, and how to build a context from it.
+    """The newest identity a server served under one name, and how to build a context from it.
 
     Attributes:
         store: where the identity is kept (:class:`SharedStore`, :class:`CopyStore`).
         recipe_for: the server's recipe, aimed at other paths.
+        name: the name it is kept under: :data:`DEFAULT` for the configured identity, an SNI
+            identity's name for that identity.
     """
 
     store: Store
     recipe_for: RecipeFor
+    name: str = DEFAULT
 
-    def remember(self, snapshot: Snapshot) -> None:
-        """Keep ``snapshot`` as the newest served identity."""
-        self.store.write(snapshot)
+    def remember(self, snapshot: Snapshot, leaf: Leaf | None = None) -> None:
+        """Keep ``snapshot`` as the newest served identity of :attr:`name`, ``leaf`` its validation's verdict."""
+        self.store.write(snapshot, self.name, leaf)
+
+    def judged(self, snapshot: Snapshot) -> Leaf | None:
+        """The leaf a validation found for exactly the bytes of ``snapshot``, when the store keeps one
+        for :attr:`name` (a spawn server's parent validated them): no need to parse them again."""
+        kept = self.store.verdict(self.name)
+        if kept is None or kept[0] != (snapshot.cert, snapshot.key, snapshot.ca):
+            return None
+        return kept[1]
 
     def recall(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
         """Validate the kept identity again, judge its dates at ``now``, and build a context from it.
@@ -197,11 +360,11 @@ class LastGood:
         Raises:
             InvalidIdentity: nothing is kept, or what is kept is no longer usable (expired, say).
         """
-        parts = self.store.read()
+        parts = self.store.read(self.name)
         if parts is None:
             raise InvalidIdentity("no certificate was served by this server before")
         snapshot = Snapshot(files, *parts)
-        leaf = validate(snapshot, password)
+        leaf = self.judged(snapshot) or validate(snapshot, password)
         try:
             judge_period(leaf, files, datetime.fromtimestamp(now, timezone.utc))
         except InvalidIdentity:
@@ -217,39 +380,69 @@ class LastGood:
         return snapshot, leaf, context
 
 
-def keep_newest_valid(files: TLSFiles, password: Password, store: Store, interval: float) -> threading.Thread:
-    """Keep ``store`` holding the newest valid identity at ``files``, checked every ``interval`` seconds
-    in a daemon thread; returns the thread.
+def keep_newest_valid(
+    identities: Callable[[], Mapping[str, TLSFiles]], password: Password, store: Store, interval: float
+) -> threading.Thread:
+    """Keep ``store`` holding the newest valid identity of each name ``identities()`` gives (the
+    configured identity under :data:`DEFAULT`, and every SNI identity found now), with the leaf
+    each validation found: checked at once, then every ``interval`` seconds in a daemon thread;
+    returns the thread. A name no longer given is forgotten.
 
     For the parent of a server that starts its workers with ``spawn`` (uvicorn's ``--workers``,
     hypercorn's): each child it starts later gets a pickled copy of the store. A thread is safe in
     such a parent: its children start as fresh interpreters, not as a bare ``fork()`` of it.
     """
 
+    # The content judged last, by name; not set for a pair refused for its dates only, which time changes.
+    seen: dict[str, str] = {}
+
+    def keep_all() -> None:
+        try:
+            found = dict(identities())
+        except Exception:  # an SNI directory gone: the serving processes report it
+            found = {}
+        for name in [name for name in seen if name not in found]:
+            del seen[name]
+            store.forget(name)
+        for name, files in found.items():
+            judged = _keep_if_valid(files, password, store, name, seen.get(name))
+            if judged is not None:
+                seen[name] = judged
+
     def keep() -> None:
-        seen = ""  # the content judged last; not set for a pair refused for its dates only, which time changes
         while True:
             time.sleep(interval)
-            try:
-                snapshot = read_files(files)
-                current = fingerprint(snapshot)
-                if current == seen:
-                    continue
-                try:
-                    leaf = validate(snapshot, password)
-                except InvalidIdentity:
-                    seen = current  # unusable content is not parsed again on every check
-                    continue
-                judge_period(leaf, files, datetime.now(timezone.utc))
-            except Exception:  # the serving processes report what is wrong; nothing is served here
-                continue
-            store.write(snapshot)
-            seen = current
-            log.debug("processes started from now on get serial %s if the files are unusable then", leaf.serial)
+            keep_all()
 
+    keep_all()  # before the server starts its first processes: each gets every verdict
     thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)
     thread.start()
     return thread
+
+
+def _keep_if_valid(files: TLSFiles, password: Password, store: Store, name: str, seen: str | None) -> str | None:
+    """Write the identity at ``files`` to ``store`` as ``name`` when it is new and valid; returns the
+    fingerprint of the content judged (``None`` when it must be judged again: unreadable, or refused
+    for its dates)."""
+    try:
+        snapshot = read_files(files)
+        current = fingerprint(snapshot)
+        if current == seen:
+            return current
+        try:
+            leaf = validate(snapshot, password)
+        except InvalidIdentity:
+            return current  # unusable content is not parsed again on every check
+        judge_period(leaf, files, datetime.now(timezone.utc))
+    except Exception:  # the serving processes report what is wrong; nothing is served here
+        return None
+    store.write(snapshot, name, leaf)
+    log.debug(
+        "processes started from now on get serial %s%s if the files are unusable then",
+        leaf.serial,
+        f" for SNI identity {name}" if name else "",
+    )
+    return current
 
 
 @contextlib.contextmanager

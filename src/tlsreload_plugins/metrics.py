@@ -1,7 +1,13 @@
 """Prometheus metrics for a :class:`~tlsreload_plugins.reloader.Reloader` (the ``prometheus`` extra).
 
-:func:`observe` registers callbacks on a reloader that keep these up to date, each labelled
-with ``certfile`` (the certificate path as configured):
+Off unless asked for: the adapters export metrics only with ``TLSRELOAD_METRICS=1`` (or their own
+setting: ``tls_metrics = True`` in a gunicorn configuration, ``--tls-metrics`` on the drop-in
+commands, ``metrics=True`` in the Python APIs), so that a server that scrapes nothing does not
+import ``prometheus_client`` (about 13 MiB per worker process) at all.
+
+:func:`observe` registers callbacks on a reloader that keep these up to date, each labelled with
+``certfile`` (the certificate path as configured) and ``identity`` (``default`` for the configured
+identity, an SNI identity's name for that identity, see :mod:`tlsreload_plugins.sni`):
 
 * ``tlsreload_checks_total``: checks made;
 * ``tlsreload_reload_attempts_total``: checks that found new content on disk and tried to use it
@@ -25,6 +31,7 @@ Without ``prometheus_client`` installed, :func:`observe` does nothing and return
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -38,8 +45,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tlsreload_plugins.metrics")
 
-LABEL = "certfile"
+LABELS = ("certfile", "identity")
+DEFAULT_IDENTITY = "default"
+"""The ``identity`` label of the configured identity (SNI identities are labelled with their names)."""
 GAUGE_MULTIPROCESS_MODE: Final = "livemin"
+
+METRICS_ENV = "TLSRELOAD_METRICS"
+"""``1`` (or ``true``, ``yes``, ``on``) for the adapters to export metrics; unset or ``0`` for none."""
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def wanted(setting: bool | None = None) -> bool:
+    """Whether the adapters export metrics: ``setting`` if given, else ``$TLSRELOAD_METRICS``, else not.
+
+    Raises:
+        ValueError: ``$TLSRELOAD_METRICS`` is neither true-like nor false-like.
+    """
+    if setting is not None:
+        return bool(setting)
+    value = os.environ.get(METRICS_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{METRICS_ENV} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -61,7 +91,7 @@ def _create(registry: CollectorRegistry | None) -> _Families:
     from prometheus_client import REGISTRY, Counter, Gauge
 
     target = REGISTRY if registry is None else registry
-    labels = (LABEL,)
+    labels = LABELS
     return _Families(
         checks=Counter("tlsreload_checks", "Certificate checks made.", labels, registry=target),
         attempts=Counter(
@@ -106,13 +136,20 @@ def _families_for(registry: CollectorRegistry | None) -> _Families:
         return entry[1]
 
 
-def observe(reloader: Reloader, registry: CollectorRegistry | None = None) -> bool:
+def observing(reloader: Reloader) -> bool:
+    """Whether :func:`observe` exports ``reloader``'s metrics."""
+    with _lock:
+        return reloader in _observed
+
+
+def observe(reloader: Reloader, registry: CollectorRegistry | None = None, *, identity: str = DEFAULT_IDENTITY) -> bool:
     """Export ``reloader``'s activity as Prometheus metrics; ``False`` (and nothing done) without prometheus_client.
 
     ``registry`` defaults to prometheus_client's global ``REGISTRY`` (in multiprocess mode the
     values go to ``PROMETHEUS_MULTIPROC_DIR`` whatever the registry). Observing the same reloader
     again changes nothing. Metrics that cannot be set up (a ``PROMETHEUS_MULTIPROC_DIR`` that does
     not exist, say) are logged as one WARNING and give ``False``: they never stop the server.
+    ``identity`` is the ``identity`` label (an SNI identity's name).
     """
     try:
         import prometheus_client  # noqa: F401 - only to learn whether it is installed
@@ -126,12 +163,12 @@ def observe(reloader: Reloader, registry: CollectorRegistry | None = None) -> bo
     certfile = reloader.files.certfile
     try:
         families = _families_for(registry)
-        checks = families.checks.labels(certfile)
-        attempts = families.attempts.labels(certfile)
-        successes = families.successes.labels(certfile)
-        failures = families.failures.labels(certfile)
-        not_after = families.not_after.labels(certfile)
-        last_success = families.last_success.labels(certfile)
+        checks = families.checks.labels(certfile, identity)
+        attempts = families.attempts.labels(certfile, identity)
+        successes = families.successes.labels(certfile, identity)
+        failures = families.failures.labels(certfile, identity)
+        not_after = families.not_after.labels(certfile, identity)
+        last_success = families.last_success.labels(certfile, identity)
         status = reloader.status()
         failures.inc(status.failures)  # reported before metrics were set up (a start on the last good identity)
         attempts.inc(status.failures)

@@ -173,12 +173,19 @@ def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLConte
     return context
 
 
-def load_identity(files: TLSFiles, recipe: Recipe, password: Password = None) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
+def load_identity(
+    files: TLSFiles,
+    recipe: Recipe,
+    password: Password = None,
+    judged: Callable[[Snapshot], Leaf | None] = lambda snapshot: None,
+) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
     """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
     before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
-    decide exactly as the reloader does. Raises :class:`InvalidIdentity` with the reason."""
+    decide exactly as the reloader does. ``judged(snapshot)`` may give the leaf an earlier
+    validation of exactly those bytes found (:meth:`LastGood.judged <tlsreload_plugins.lastgood.LastGood.judged>`),
+    which is then not parsed again. Raises :class:`InvalidIdentity` with the reason."""
     snapshot = read_files(files)
-    leaf = validate(snapshot, password)
+    leaf = judged(snapshot) or validate(snapshot, password)
     return snapshot, leaf, build_context(recipe, files)
 
 
@@ -317,7 +324,8 @@ class Reloader:
         self._last_good = last_good
         start_error: InvalidIdentity | None = None
         try:
-            snapshot, leaf, live = load_identity(self.files, recipe, self.password)
+            judged = last_good.judged if last_good is not None else (lambda snapshot: None)
+            snapshot, leaf, live = load_identity(self.files, recipe, self.password, judged)
         except InvalidIdentity as e:
             if last_good is None:
                 raise
@@ -327,7 +335,7 @@ class Reloader:
             except InvalidIdentity as why_not:
                 raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
         if last_good is not None:
-            last_good.remember(snapshot)
+            last_good.remember(snapshot, leaf)
         self.context: ssl.SSLContext = live
         """The context to hand to the server, once, for its whole life."""
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
@@ -535,7 +543,8 @@ class Reloader:
             )
         self._swap(examined.context, examined.leaf, examined.fingerprint or "", now)
         if self._last_good is not None and examined.snapshot is not None:
-            self._last_good.remember(examined.snapshot)
+            # After the state lock is released: a shared store may wait for another process's write.
+            self._notices.append(([self._last_good.remember], (examined.snapshot, examined.leaf)))
         return Outcome.RELOADED
 
     def _swap(self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float) -> None:
@@ -617,6 +626,11 @@ class Reloader:
     def leaf(self) -> Leaf:
         """The certificate new handshakes get."""
         return self._leaf
+
+    @property
+    def last_good(self) -> LastGood | None:
+        """Where this reloader keeps what it serves for the server's other processes, or ``None``."""
+        return self._last_good
 
     @property
     def newest_context(self) -> ssl.SSLContext:

@@ -10,9 +10,10 @@ found in directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``). Each 
 
 Each identity is served by its own :class:`~tlsreload_plugins.Reloader`, built with the server's
 own recipe aimed at that identity's files, so every guarantee of the single identity holds for
-each of them: validated before use, the last good one kept, no failed handshake during its
-rotation, no effect on the others. Their names (stable labels in logs, :meth:`SNIIdentities.status`
-and metrics) are the names of their directories.
+each of them: validated before use, the last good one kept (across the server's processes too:
+each is kept under its name in the default reloader's :mod:`~tlsreload_plugins.lastgood` store),
+no failed handshake during its rotation, no effect on the others. Their names (stable labels in
+logs, :meth:`SNIIdentities.status` and metrics) are the names of their directories.
 
 Which identity answers a handshake: the one whose served certificate lists the server name among
 its DNS SANs (compared in lower case, internationalized names in their A-label ``xn--`` form, as
@@ -44,15 +45,15 @@ import os
 import ssl
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from . import metrics
 from .drivers import gevent_offload
 from .identity import InvalidIdentity, Password, TLSFiles
-from .lastgood import RecipeFor
+from .lastgood import DEFAULT, LastGood, RecipeFor, Store
 from .reloader import Outcome, Reloader, Status
 
-__all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "for_reloader", "resolve_directories"]
+__all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
 
 log = logging.getLogger("tlsreload_plugins.sni")
 
@@ -136,6 +137,29 @@ def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLS
     return found, shadowed
 
 
+def discover(directories: Sequence[str], ca_certs: str | None = None) -> dict[str, TLSFiles]:
+    """Every identity in ``directories`` now, by name, each with the server's client-CA bundle
+    ``ca_certs``: the identities an :class:`SNIIdentities` over them would serve."""
+    found, _ = _discover(directories)
+    return {name: TLSFiles(files.certfile, files.keyfile, ca_certs) for name, files in found.items()}
+
+
+def every_identity(files: TLSFiles, directories: Iterable[str] | str | None) -> Callable[[], dict[str, TLSFiles]]:
+    """A function giving the configured identity (under :data:`~tlsreload_plugins.lastgood.DEFAULT`)
+    and every SNI identity in ``directories`` found when it is called: what a server's parent process
+    keeps the last good of (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`).
+
+    Raises:
+        ValueError: a directory does not exist (now; one removed later gives no SNI identity).
+    """
+    found = resolve_directories(directories)
+
+    def identities() -> dict[str, TLSFiles]:
+        return {DEFAULT: files, **discover(found, files.ca_certs)}
+
+    return identities
+
+
 def host_names(sans: Iterable[str]) -> list[str]:
     """The names among a certificate's SANs a server name can match: DNS names and one-label
     wildcards, lower case, A-labels; IP addresses, URIs and e-mail addresses are left out."""
@@ -170,7 +194,10 @@ class SNIIdentities:
     context's store), ``password`` (the key password), ``interval`` and ``expiry_warning_days``
     are the default reloader's, shared by every identity. Identities whose files cannot be used
     when first seen are not served (their names get the default identity), and are tried again
-    on every check.
+    on every check; with a ``store`` (the default reloader's last good store, shared by the
+    server's processes), such an identity is served from the last good one any of the server's
+    processes kept for its name, as the default identity is. ``export_metrics`` exports each identity's
+    metrics, labelled with its name (:mod:`tlsreload_plugins.metrics`).
     """
 
     def __init__(
@@ -182,6 +209,8 @@ class SNIIdentities:
         password: Password = None,
         interval: float | None = None,
         expiry_warning_days: float | None = None,
+        store: Store | None = None,
+        export_metrics: bool = False,
     ) -> None:
         self.directories = resolve_directories(directories)
         self.recipe_for = recipe_for
@@ -189,6 +218,8 @@ class SNIIdentities:
         self.password = password
         self.interval = interval
         self.expiry_warning_days = expiry_warning_days
+        self.store = store
+        self.export_metrics = export_metrics
         self._lock = threading.Lock()  # one scan at a time
         self._identities: dict[str, Reloader] = {}
         self._table: dict[str, Reloader] = {}
@@ -208,7 +239,8 @@ class SNIIdentities:
         """Serve the identities in ``directories`` (or ``$TLSRELOAD_SNI``) through ``default``'s
         context: handshakes are routed on its ``sni_callback``, and every check of ``default``
         (its driver's tick) checks them too. Returns the new :class:`SNIIdentities`, also found
-        later with :func:`for_reloader`.
+        later with :func:`for_reloader`. They share ``default``'s last good store
+        (:attr:`~tlsreload_plugins.Reloader.last_good`), and have metrics when ``default`` has them.
 
         Raises:
             ValueError: a directory does not exist.
@@ -220,6 +252,8 @@ class SNIIdentities:
             password=default.password,
             interval=default.interval,
             expiry_warning_days=default.expiry_warning_days,
+            store=default.last_good.store if default.last_good is not None else None,
+            export_metrics=metrics.observing(default),
         )
         default.set_route(identities.context_for)
         default.add_callbacks(on_check=identities._on_default_check)
@@ -316,6 +350,8 @@ class SNIIdentities:
                 else:
                     self._missing.discard(name)
                     log.info("SNI identity %s removed: its names now get the default certificate", name)
+                    if self.store is not None:
+                        self.store.forget(name)
                     continue
                 served[name] = reloader
             for name in [*self._pending, *self._unserved]:
@@ -353,6 +389,7 @@ class SNIIdentities:
                 password=self.password,
                 interval=self.interval,
                 expiry_warning_days=self.expiry_warning_days,
+                last_good=LastGood(self.store, self.recipe_for, name) if self.store is not None else None,
             )
         except (InvalidIdentity, TypeError) as e:
             reason = str(e)
@@ -366,7 +403,8 @@ class SNIIdentities:
             return None
         self._pending.pop(name, None)
         self._unserved.pop(name, None)
-        metrics.observe(reloader)
+        if self.export_metrics:
+            metrics.observe(reloader, identity=name)
         log.info("SNI identity %s: %s", name, reloader.describe())
         return reloader
 

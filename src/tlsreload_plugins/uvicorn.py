@@ -145,6 +145,7 @@ def reloading_ssl_context(
     *,
     interval: float | None = None,
     sni: Sequence[str] | None = None,
+    metrics: bool | None = None,
 ) -> ssl.SSLContext:
     """``uvicorn.Config(ssl_context_factory=...)``: a context that follows the files on disk.
 
@@ -155,9 +156,10 @@ def reloading_ssl_context(
     this module-level function still pickles, which ``--workers`` and ``--reload`` need). Files
     that are not usable at start-up log one error and exit with :data:`STARTUP_FAILURE` (3).
     ``sni``: directories of more identities chosen by server name (default ``$TLSRELOAD_SNI``),
-    see :mod:`tlsreload_plugins.sni`.
+    see :mod:`tlsreload_plugins.sni`. ``metrics``: export Prometheus metrics (default
+    ``$TLSRELOAD_METRICS``, else off), see :mod:`tlsreload_plugins.metrics`.
     """
-    reloader = _new_reloader(config, default_factory, interval, sni_directories=sni)
+    reloader = _new_reloader(config, default_factory, interval, sni_directories=sni, metrics_setting=metrics)
     _drivers[reloader] = None
     _arrange_checks(config, reloader)
     return reloader.context
@@ -170,6 +172,7 @@ def _drop_in_ssl_context(
     interval: float | None = None,
     last_good: CopyStore | None = None,
     sni: Sequence[str] | None = None,
+    metrics: bool | None = None,
 ) -> ssl.SSLContext:
     """The factory of ``tlsreload-uvicorn``: as :func:`reloading_ssl_context`, checking from the server's
     event loop (uvicorn calls it there, in each serving process) until the process exits, so that the
@@ -177,7 +180,7 @@ def _drop_in_ssl_context(
     uvicorn's supervisor starts, holding what the parent last found valid: a child started while the
     files are broken serves it (or, when it expired, waits for usable files instead of exiting with
     :data:`STARTUP_FAILURE`, on which uvicorn's supervisor stops the whole server)."""
-    reloader = _new_reloader(config, default_factory, interval, last_good, sni)
+    reloader = _new_reloader(config, default_factory, interval, last_good, sni, metrics)
     _drivers[reloader] = None
     try:
         asyncio.get_running_loop()
@@ -196,6 +199,7 @@ def _new_reloader(
     interval: float | None,
     last_good: CopyStore | None = None,
     sni_directories: Sequence[str] | None = None,
+    metrics_setting: bool | None = None,
 ) -> Reloader:
     """The one place this module makes a Reloader: uvicorn's own default factory as its recipe."""
     _route_logs()
@@ -243,7 +247,11 @@ def _new_reloader(
         if last_good is None or last_good.read() is None:  # the server's very first start
             _startup_failure(f"cannot serve TLS: {e}")
         reloader = _wait_for_usable_files(attempt, e)
-    metrics.observe(reloader)
+    try:
+        if metrics.wanted(metrics_setting):
+            metrics.observe(reloader)
+    except ValueError as e:  # a bad $TLSRELOAD_METRICS
+        _startup_failure(f"cannot serve TLS: {e}")
     try:
         sni.attach_from_settings(reloader, sni_directories, recipe_for)
     except ValueError as e:  # a directory that does not exist
@@ -384,7 +392,9 @@ def _route_logs() -> None:
 MISSING_EXTRA = "pip install 'tlsreload-plugins[uvicorn]'"
 
 
-def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...] = (), **options: Any) -> None:
+def _run(
+    tls_reload_interval: float | None, tls_sni: tuple[str, ...] = (), tls_metrics: bool = False, **options: Any
+) -> None:
     import click
     import uvicorn
 
@@ -402,6 +412,7 @@ def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...] = (), **opt
         resolve_expiry_warning_days()
         password = resolve_password(options.get("ssl_keyfile_password"))
         sni.resolve_directories(tls_sni or None)
+        metrics.wanted(tls_metrics or None)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if not options.get("ssl_certfile"):
@@ -416,16 +427,21 @@ def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...] = (), **opt
     )
     try:
         snapshot = read_files(files)
-        validate(snapshot, password)
+        leaf = validate(snapshot, password)
     except InvalidIdentity as e:
         _startup_failure(f"cannot serve TLS: {e}")
     store = CopyStore()
-    store.write(snapshot)
+    store.write(snapshot, leaf=leaf)
     workers = kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     if workers > 1 or kwargs.get("reload"):  # a supervisor that starts serving processes later
-        keep_newest_valid(files, password, store, resolve_interval(tls_reload_interval))
+        identities = sni.every_identity(files, tls_sni or None)
+        keep_newest_valid(identities, password, store, resolve_interval(tls_reload_interval))
     factory = functools.partial(
-        _drop_in_ssl_context, interval=tls_reload_interval, last_good=store, sni=list(tls_sni) or None
+        _drop_in_ssl_context,
+        interval=tls_reload_interval,
+        last_good=store,
+        sni=list(tls_sni) or None,
+        metrics=tls_metrics or None,
     )
     uvicorn.run(**kwargs, ssl_context_factory=factory)
 
@@ -482,7 +498,14 @@ def _command() -> click.Command:
         help=f"A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
         f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
     )
-    command.params = [*params[:after_ssl], interval, tls_sni, *params[after_ssl:]]
+    tls_metrics = click.Option(
+        ["--tls-metrics"],
+        is_flag=True,
+        default=False,
+        help=f"Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
+        f"Defaults to ${metrics.METRICS_ENV}.",
+    )
+    command.params = [*params[:after_ssl], interval, tls_sni, tls_metrics, *params[after_ssl:]]
     command.callback = _run
     return command
 

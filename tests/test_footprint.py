@@ -1,0 +1,166 @@
+"""What the plugin loads into a worker: nothing a worker model does not use. Real servers, 2 workers each,
+whose app answers which of asyncio, cryptography and prometheus_client its worker has loaded.
+
+- A gunicorn sync worker loads no asyncio, and no prometheus_client unless metrics are asked for.
+- The workers of the spawn-based servers (tlsreload-uvicorn --workers, tlsreload-hypercorn) take their
+  parent's verdict on the files it validated and load no cryptography until they have new content to judge;
+  then they judge it themselves (a rotation is served, a bad pair refused). A trio worker loads no asyncio.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+import sys
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tlstest import HOST, KubeletLayout, client_context, free_port, get, issue, run_server, wait_until
+
+TESTS = Path(__file__).parent
+INTERVAL = "0.3"
+DEADLINE = 30.0
+
+
+def ask(port: int, ctx: ssl.SSLContext) -> tuple[str, int, set[str]]:
+    """One request on a new connection: (serial served, worker pid, modules the worker has loaded)."""
+    serial, response = get(port, ctx)
+    match = re.search(rb"pid=(\d+) loaded=([\w,]*)", response)
+    assert match, response
+    return serial, int(match.group(1)), set(filter(None, match.group(2).decode().split(",")))
+
+
+def every_worker(port: int, ctx: ssl.SSLContext, serial: str) -> dict[int, set[str]]:
+    """Poll until two workers have served ``serial``; the modules each has loaded."""
+    workers: dict[int, set[str]] = {}
+
+    def both() -> bool:
+        for _ in range(6):
+            served, pid, loaded = ask(port, ctx)
+            if served == serial:
+                workers[pid] = loaded
+        return len(workers) >= 2
+
+    wait_until(both, DEADLINE, what=f"two workers serving {serial}")
+    return workers
+
+
+def command(server: str, port: int, layout: KubeletLayout) -> list[str]:
+    cert, key = str(layout.cert_path), str(layout.key_path)
+    if server == "gunicorn-sync":
+        args = ["-m", "gunicorn", "-c", "python:tlsreload_plugins.gunicorn_conf", "--certfile", cert, "--keyfile", key]
+        args += ["--bind", f"{HOST}:{port}", "--no-control-socket", "--workers", "2", "gunicorn_apps:wsgi_modules"]
+        return args
+    if server == "tlsreload-uvicorn":
+        args = ["-m", "tlsreload_plugins.uvicorn", "gunicorn_apps:asgi_modules", "--app-dir", str(TESTS)]
+        return [
+            *args,
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--ssl-certfile",
+            cert,
+            "--ssl-keyfile",
+            key,
+        ]
+    worker_class = server.removeprefix("tlsreload-hypercorn-")
+    args = ["-m", "tlsreload_plugins.hypercorn", f"{TESTS / 'gunicorn_apps.py'}:asgi_modules", "--workers", "2"]
+    return [*args, "--bind", f"{HOST}:{port}", "--worker-class", worker_class, "--certfile", cert, "--keyfile", key]
+
+
+@pytest.mark.parametrize("metrics", ["0", "1"])
+def test_a_sync_worker_loads_no_asyncio_and_prometheus_client_only_when_asked(
+    tmp_path: Path, ca: trustme.CA, metrics: str
+) -> None:
+    layout = KubeletLayout(tmp_path / "secret")
+    pair = issue(ca)
+    layout.install(pair)
+    port = free_port()
+    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL, "TLSRELOAD_METRICS": metrics}
+    with run_server(command("gunicorn-sync", port, layout), tmp_path / "server.log", port, env=env) as running:
+        workers = every_worker(port, client_context(ca), pair.serial)
+        assert running.proc.poll() is None, running.output()
+    for loaded in workers.values():
+        assert "asyncio" not in loaded
+        assert ("prometheus_client" in loaded) == (metrics == "1"), loaded
+
+
+@pytest.mark.parametrize("server", ["tlsreload-uvicorn", "tlsreload-hypercorn-asyncio", "tlsreload-hypercorn-trio"])
+def test_spawned_workers_take_their_parent_s_verdict_and_judge_new_content_themselves(
+    tmp_path: Path, ca: trustme.CA, server: str
+) -> None:
+    layout = KubeletLayout(tmp_path / "secret")
+    first, second = issue(ca), issue(ca)
+    layout.install(first)
+    port = free_port()
+    ctx = client_context(ca)
+    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    with run_server(command(server, port, layout), tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
+        at_start = every_worker(port, ctx, first.serial)
+        for loaded in at_start.values():
+            assert "cryptography" not in loaded, loaded
+            assert "prometheus_client" not in loaded, loaded
+            assert ("asyncio" in loaded) == (not server.endswith("trio")), loaded
+        # A bad pair: judged by each worker itself (cryptography loaded now), refused, the first leaf kept.
+        layout.write_raw(second.chain, first.key)
+        wait_until(
+            lambda: running.output().count("certificate reload failed") >= 2, DEADLINE, what="each worker refusing"
+        )
+        assert {ask(port, ctx)[0] for _ in range(8)} == {first.serial}
+        layout.install(second)
+        after = every_worker(port, ctx, second.serial)
+        assert running.proc.poll() is None, running.output()
+    for loaded in after.values():
+        assert "cryptography" in loaded, loaded
+    assert "Traceback" not in running.output()
+
+
+def test_the_core_imports_no_cryptography_until_it_parses(tmp_path: Path) -> None:
+    import subprocess
+
+    code = (
+        "import sys, tlsreload_plugins, tlsreload_plugins.uvicorn, tlsreload_plugins.hypercorn;"
+        "print(sorted(m for m in ('asyncio', 'cryptography', 'prometheus_client') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    # uvicorn and hypercorn import asyncio themselves; our modules add neither cryptography nor prometheus_client.
+    assert "cryptography" not in result.stdout and "prometheus_client" not in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio"])
+def test_each_server_s_own_metrics_setting_turns_them_on(tmp_path: Path, ca: trustme.CA, server: str) -> None:
+    """gunicorn: ``tls_metrics = True`` in the ./gunicorn.conf.py the drop-in reads; the drop-in commands:
+    ``--tls-metrics``. Every worker then exports metrics (prometheus_client loaded)."""
+    layout = KubeletLayout(tmp_path / "secret")
+    pair = issue(ca)
+    layout.install(pair)
+    port = free_port()
+    args = command(server, port, layout)
+    if server == "gunicorn-sync":
+        (tmp_path / "gunicorn.conf.py").write_text("tls_metrics = True\n")
+    else:
+        args.append("--tls-metrics")
+    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    with run_server(args, tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
+        workers = every_worker(port, client_context(ca), pair.serial)
+        assert running.proc.poll() is None, running.output()
+    assert all("prometheus_client" in loaded for loaded in workers.values()), workers
+
+
+@pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio"])
+def test_a_bad_metrics_setting_stops_the_start_with_one_line(tmp_path: Path, ca: trustme.CA, server: str) -> None:
+    layout = KubeletLayout(tmp_path / "secret")
+    layout.install(issue(ca))
+    port = free_port()
+    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_METRICS": "sometimes"}
+    with run_server(command(server, port, layout), tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
+        wait_until(lambda: running.proc.poll() is not None, DEADLINE, what=f"{server} to stop")
+        output = running.output()
+    assert running.proc.returncode != 0, output
+    assert "TLSRELOAD_METRICS must be 1 or 0" in output, output
+    assert "Traceback" not in output, output

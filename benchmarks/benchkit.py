@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ SERVERS = ("gunicorn-sync", "gunicorn-gthread", "gunicorn-gevent", "gunicorn-asg
 MORE_SERVERS = ("gunicorn-tornado", "gunicorn-uvicorn")
 """Also supported, on request (``--servers``): gunicorn's tornado worker, and uvicorn-worker's
 ``UvicornWorker`` under gunicorn."""
+HYPERCORN_SERVERS = ("hypercorn-asyncio", "hypercorn-trio")
 ALL_SERVERS = SERVERS + MORE_SERVERS
 _GUNICORN_WORKERS = {"gunicorn-uvicorn": "uvicorn_worker.UvicornWorker"}
 _ASGI = ("gunicorn-asgi", "gunicorn-uvicorn")
@@ -196,6 +197,12 @@ def server_command(server: str, plugin: bool, certfile: Path, keyfile: Path, por
         if workers > 1:
             cmd += ["--workers", str(workers)]
         return cmd
+    if server in HYPERCORN_SERVERS:
+        module = "tlsreload_plugins.hypercorn" if plugin else "hypercorn"
+        app = f"{BENCH_DIR / 'tlsbench_apps.py'}:asgi"
+        cmd = [py, "-m", module, app, "--certfile", str(certfile), "--keyfile", str(keyfile)]
+        cmd += ["--bind", f"{HOST}:{port}", "--worker-class", server.removeprefix("hypercorn-")]
+        return [*cmd, "--workers", str(workers)]
     raise ValueError(f"unknown server {server!r}; expected one of {', '.join(ALL_SERVERS)}")
 
 
@@ -248,10 +255,12 @@ def running_server(
     workers: int = 1,
     interval: float | None = None,
     ready_timeout: float = 60.0,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Server]:
-    """Start a server, wait until it answers over TLS, yield it, always stop it (whole process group)."""
+    """Start a server, wait until it answers over TLS, yield it, always stop it (whole process group).
+    ``extra_env`` is added to the server's environment (``TLSRELOAD_METRICS``, say)."""
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
     if interval is not None:
         env["TLSRELOAD_INTERVAL"] = str(interval)
@@ -332,6 +341,8 @@ class Probe:
     serial: str
     handshake_done: float
     """``time.monotonic()`` when the handshake completed."""
+    loaded: frozenset[str] = frozenset()
+    """The app's watched modules loaded in the worker that answered (``tlsbench_apps.WATCHED_MODULES``)."""
 
 
 def _quick_ack(sock: socket.socket) -> None:
@@ -370,7 +381,8 @@ def probe(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> Probe:
     if not head.startswith(b"HTTP/1.1 200") or der is None:
         raise ValueError(f"unexpected answer: {head[:80]!r}")
     fields = dict(item.split("=", 1) for item in body.decode().split())
-    return Probe(int(fields["pid"]), fields["tlsreload"] == "1", serial_of(der), done)
+    loaded = frozenset(name for name, value in fields.items() if name not in ("pid", "tlsreload") and value == "1")
+    return Probe(int(fields["pid"]), fields["tlsreload"] == "1", serial_of(der), done, loaded)
 
 
 def handshake_only(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> None:

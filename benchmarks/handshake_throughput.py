@@ -1,8 +1,10 @@
-"""Full-handshake throughput, plugin against stock, side by side, alternating A/B.
+"""Full-handshake throughput, plugin against stock, side by side, alternating, against ``openssl s_server``.
 
 For each server, the stock and the plugin server run at the same time (1 worker each, same
-certificate files, same options). Each round measures one side then the other (the order
-alternates every round) with two clients:
+certificate files, same options), and so does one ``openssl s_server`` on the same files for the
+whole run (the ceiling: OpenSSL's own single-threaded server, no Python at all). Each round
+measures the three one after the other (the order rotates every round, so that drift hits all
+alike) with two clients:
 
 * ``s_time``: ``openssl s_time -connect 127.0.0.1:PORT -new -time T``: one client, a fresh
   connection and a full handshake each time (``-new``: no session reuse), no HTTP request
@@ -12,9 +14,13 @@ alternates every round) with two clients:
   socket and a new SSL object per handshake, no session reuse), no request; the rate is the
   total over the window.
 
-Prints, per server and client: the median rate per side, the ratio plugin/stock, and the
-range of the per-round ratios. Targets: gunicorn sync and gthread >= 1.9x (stock rebuilds its
-context for every connection), every other server >= 0.98x.
+Prints, per server and client: the median rate of each side and of s_server, the ratio
+plugin/stock and the range of the per-round ratios, each side's rate as a fraction of the
+s_server rate (the median over rounds of rate / that round's s_server rate), and the server CPU
+per handshake of each. Targets: gunicorn sync and gthread plugin/stock >= 1.9x with the python
+client (stock rebuilds its context for every connection; s_time: reported only); every other
+server: server CPU per handshake of the plugin within 3 % of stock's (both clients); every server:
+the plugin's fraction of the s_server ceiling at least stock's (python client).
 
     python benchmarks/handshake_throughput.py              # 5 rounds x 3 s per side and client
     python benchmarks/handshake_throughput.py --quick      # 2 rounds x 1 s: a smoke run
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import multiprocessing
 import re
 import shutil
@@ -32,18 +39,34 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
 from typing import Any
 
 import benchkit as kit
 
-TARGETS = {"gunicorn-sync": 1.9, "gunicorn-gthread": 1.9}
-DEFAULT_TARGET = 0.98
+RATE_TARGETS = {"gunicorn-sync": 1.9, "gunicorn-gthread": 1.9}
+"""Servers whose stock side rebuilds its context per connection: plugin/stock rate, python client only."""
+RATE_TARGET_CLIENT = "python"
+CPU_TARGET = 1.03
+"""Every other server: plugin server CPU per handshake at most this times stock's (both clients)."""
+TARGETS = RATE_TARGETS  # the name before round two
+SIDES = ("stock", "plugin", "s_server")
+CEILING = "s_server"
 _S_TIME_COUNT = re.compile(r"(\d+) connections in [\d.]+s")
 
 # One context per client process, made once: the clients measure the server, not themselves.
 _client_ctx: ssl.SSLContext | None = None
+
+
+def target_for(server: str, client: str) -> tuple[str, float | None]:
+    """The kind of target of one (server, client) result and its value: ``("rate", 1.9)`` (plugin/stock
+    rate at least), ``("cpu", 1.03)`` (plugin CPU per handshake at most that times stock's) or
+    ``("report", None)``."""
+    if server in RATE_TARGETS:
+        return ("rate", RATE_TARGETS[server]) if client == RATE_TARGET_CLIENT else ("report", None)
+    return "cpu", CPU_TARGET
 
 
 def _python_client(port: int, start_at: float, seconds: float) -> tuple[int, int, str]:
@@ -66,6 +89,53 @@ def _python_client(port: int, start_at: float, seconds: float) -> tuple[int, int
             failed += 1
             first_error = first_error or repr(e)
     return ok, failed, first_error
+
+
+def s_server_command(certfile: Path, keyfile: Path, port: int) -> list[str]:
+    """``openssl s_server`` on the servers' files. ``-chainCAfile`` + ``-build_chain`` make it send the
+    leaf and the CA from the one file, as the Python servers' ``load_cert_chain`` does (``-cert``
+    alone sends the leaf only; ``-cert_chain`` on the same file would send the leaf twice)."""
+    cmd = ["openssl", "s_server", "-accept", f"{kit.HOST}:{port}", "-cert", str(certfile), "-key", str(keyfile)]
+    return [*cmd, "-chainCAfile", str(certfile), "-build_chain", "-quiet"]
+
+
+@contextlib.contextmanager
+def running_s_server(certfile: Path, keyfile: Path, log_dir: Path, ready_timeout: float = 30.0) -> Iterator[kit.Server]:
+    """Start ``openssl s_server`` in its own process group, wait until it completes a handshake, yield
+    it (as a :class:`benchkit.Server` named ``s_server``), always stop the group.
+
+    ``-quiet`` implies ``-ign_eof``: stdin at EOF (``/dev/null``) does not stop it. It serves one
+    connection at a time, in one thread: after the handshake it waits for the client to close, then
+    accepts the next. It writes one error line per connection that ends without close_notify (every
+    one here), which is why its output goes to a log file, not a pipe."""
+    port = kit.free_port()
+    log_path = log_dir / f"s_server-{port}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            s_server_command(certfile, keyfile, port),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=log_dir,
+            start_new_session=True,
+        )
+    handle = kit.Server(CEILING, False, port, proc, log_path)
+    try:
+        deadline = time.monotonic() + ready_timeout
+        ctx = kit.client_context()
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"openssl s_server exited with {proc.returncode}:\n{handle.output()}")
+            try:
+                kit.handshake_only(port, ctx)
+                break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"openssl s_server not answering after {ready_timeout}s ({e!r})") from e
+                time.sleep(0.1)
+        yield handle
+    finally:
+        kit.stop_process_group(proc)
 
 
 def measure_s_time(port: int, seconds: float) -> tuple[int, float, int]:
@@ -96,6 +166,12 @@ def measure_python(
     return sum(r[0] for r in results), seconds, failed
 
 
+def round_order(sides: list[str], r: int) -> list[str]:
+    """The order of round ``r``: rotated by one each round (with two sides: A/B, B/A, ...)."""
+    k = r % len(sides)
+    return sides[k:] + sides[:k]
+
+
 def compare(
     server: str,
     method: str,
@@ -105,6 +181,8 @@ def compare(
     clients: int,
     pool: concurrent.futures.Executor | None,
 ) -> dict[str, Any]:
+    """Measure ``sides`` (``stock``, ``plugin`` and, if given, ``s_server``) in rotating rounds."""
+
     def once(side: str, duration: float) -> tuple[float, float, int]:
         """(handshakes/s, server CPU us per handshake, failures)."""
         port, pgid = sides[side].port, sides[side].proc.pid
@@ -117,25 +195,24 @@ def compare(
         cpu = kit.group_cpu_seconds(pgid) - cpu_before
         return count / elapsed, cpu / count * 1e6 if count else float("nan"), failed
 
-    for side in ("stock", "plugin"):  # warm-up: lazy imports, first-connection costs
+    names = [side for side in SIDES if side in sides]
+    for side in names:  # warm-up: lazy imports, first-connection costs
         once(side, 1.0)
-    rates: dict[str, list[float]] = {"stock": [], "plugin": []}
-    cpu_us: dict[str, list[float]] = {"stock": [], "plugin": []}
-    failures = {"stock": 0, "plugin": 0}
+    rates: dict[str, list[float]] = {side: [] for side in names}
+    cpu_us: dict[str, list[float]] = {side: [] for side in names}
+    failures = dict.fromkeys(names, 0)
     for r in range(rounds):
-        for side in ("stock", "plugin") if r % 2 == 0 else ("plugin", "stock"):
+        for side in round_order(names, r):
             rate, cpu, failed = once(side, seconds)
             rates[side].append(rate)
             cpu_us[side].append(cpu)
             failures[side] += failed
-        kit.log(
-            f"  {server} {method} round {r + 1}/{rounds}: stock {rates['stock'][-1]:.0f}/s, "
-            f"plugin {rates['plugin'][-1]:.0f}/s"
-        )
+        kit.log(f"  {server} {method} round {r + 1}/{rounds}: " + ", ".join(f"{s} {rates[s][-1]:.0f}/s" for s in names))
     stock, plugin = kit.median(rates["stock"]), kit.median(rates["plugin"])
     per_round = [p / s for p, s in zip(rates["plugin"], rates["stock"], strict=True) if s]
     stock_cpu, plugin_cpu = kit.median(cpu_us["stock"]), kit.median(cpu_us["plugin"])
-    return {
+    kind, value = target_for(server, method)
+    result: dict[str, Any] = {
         "server": server,
         "client": method,
         "stock_median": stock,
@@ -147,10 +224,58 @@ def compare(
         "stock_cpu_us": stock_cpu,
         "plugin_cpu_us": plugin_cpu,
         "cpu_ratio": stock_cpu / plugin_cpu if plugin_cpu else float("nan"),
+        "cpu_plugin_over_stock": plugin_cpu / stock_cpu if stock_cpu else float("nan"),
         "cpu_us": cpu_us,
         "failures": failures,
-        "target": TARGETS.get(server, DEFAULT_TARGET),
+        "target_kind": kind,
+        # "target" keeps its old meaning (a minimum plugin/stock rate), where there is one.
+        "target": value if kind == "rate" else None,
+        "cpu_target": value if kind == "cpu" else None,
     }
+    if CEILING in sides:
+        ceiling = rates[CEILING]
+        fractions = {
+            side: [rate / c for rate, c in zip(rates[side], ceiling, strict=True) if c] for side in ("stock", "plugin")
+        }
+        result.update(
+            s_server_median=kit.median(ceiling),
+            s_server_cpu_us=kit.median(cpu_us[CEILING]),
+            # The median over rounds of (rate / that round's s_server rate), not a ratio of medians.
+            stock_fraction=kit.median(fractions["stock"]),
+            plugin_fraction=kit.median(fractions["plugin"]),
+            round_fractions=fractions,
+        )
+    return result
+
+
+def targets_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The targets rows of ``results`` (see :func:`target_for`), then the ceiling rows: per server, the
+    plugin's fraction of the s_server rate at least stock's, with the python client (or, without it,
+    the first client measured)."""
+    targets = []
+    for r in results:
+        if r["target_kind"] == "rate":
+            target = f"{r['server']} handshakes/s plugin/stock ({r['client']}) >= {r['target']}"
+            targets.append(kit.target_row(target, f"{r['ratio']:.3f}x", r["ratio"] >= r["target"]))
+        elif r["target_kind"] == "cpu":
+            target = (
+                f"{r['server']} server CPU per handshake ({r['client']}) plugin <= {r['cpu_target']} x stock "
+                "(within 3 %)"
+            )
+            measured = (
+                f"{r['plugin_cpu_us']:.0f} vs {r['stock_cpu_us']:.0f} us ({r['cpu_plugin_over_stock']:.3f}x; "
+                f"rate {r['ratio']:.3f}x)"
+            )
+            targets.append(kit.target_row(target, measured, r["plugin_cpu_us"] <= r["cpu_target"] * r["stock_cpu_us"]))
+    for server in dict.fromkeys(r["server"] for r in results):
+        mine = [r for r in results if r["server"] == server and "plugin_fraction" in r]
+        chosen = next((r for r in mine if r["client"] == RATE_TARGET_CLIENT), mine[0] if mine else None)
+        if chosen is None:
+            continue
+        target = f"{server} plugin's fraction of the s_server ceiling >= stock's ({chosen['client']})"
+        measured = f"{chosen['plugin_fraction']:.3f} vs {chosen['stock_fraction']:.3f}"
+        targets.append(kit.target_row(target, measured, chosen["plugin_fraction"] >= chosen["stock_fraction"]))
+    return targets
 
 
 def run(
@@ -158,13 +283,16 @@ def run(
     *,
     start: Callable[..., AbstractContextManager[Any]] = kit.running_server,
     benchmark: str = "handshake_throughput",
-    target: float | None = None,
 ) -> dict[str, Any]:
     """Measure ``args.servers``, each started by ``start(server, plugin, cert, key, tmp)`` (hypercorn_throughput.py
-    passes its own); ``target`` replaces the per-server targets of this script."""
-    methods = [m for m in args.clients_kind if m != "s_time" or shutil.which("openssl")]
+    passes its own), each against the one ``openssl s_server`` of the run."""
+    machine = kit.machine()
+    have_openssl = shutil.which("openssl") is not None
+    methods = [m for m in args.clients_kind if m != "s_time" or have_openssl]
     if len(methods) < len(args.clients_kind):
         kit.log("openssl not found: skipping the s_time client")
+    if not have_openssl:
+        kit.log("openssl not found: no s_server ceiling")
     results: list[dict[str, Any]] = []
     with ExitStack() as stack:
         pool = None
@@ -176,6 +304,10 @@ def run(
         cert, key = tmp / "cert.pem", tmp / "key.pem"
         cert.write_bytes(pair.chain)
         key.write_bytes(pair.key)
+        ceiling: dict[str, kit.Server] = {}
+        if have_openssl:
+            kit.log("starting openssl s_server on the same files (the ceiling, shared by every server)")
+            ceiling[CEILING] = stack.enter_context(running_s_server(cert, key, tmp))
         for server in args.servers:
             kit.log(f"{server}: starting stock and plugin servers (1 worker each)")
             with ExitStack() as servers:
@@ -184,16 +316,9 @@ def run(
                     for side in ("stock", "plugin")
                 }
                 for method in methods:
-                    result = compare(server, method, sides, args.rounds, args.seconds, args.clients, pool)
-                    results.append(result if target is None else {**result, "target": target})
-    targets = [
-        kit.target_row(
-            f"{r['server']} handshakes/s plugin/stock ({r['client']}) >= {r['target']}",
-            f"{r['ratio']:.3f}x",
-            r["ratio"] >= r["target"],
-        )
-        for r in results
-    ]
+                    results.append(
+                        compare(server, method, {**sides, **ceiling}, args.rounds, args.seconds, args.clients, pool)
+                    )
     return {
         "benchmark": benchmark,
         "settings": {
@@ -202,26 +327,44 @@ def run(
             "python client processes": args.clients,
             "server workers": 1,
             "key type": args.key_type,
+            "ceiling": "openssl s_server" if have_openssl else "none (openssl not found)",
+            "quick": bool(getattr(args, "quick", False)),
         },
+        "machine": machine,
         "results": results,
-        "targets": targets,
+        "targets": targets_of(results),
     }
+
+
+def _target_cell(r: dict[str, Any]) -> str:
+    kind = r.get("target_kind", "rate")
+    if kind == "rate":
+        return f"rate >= {r['target']}x"
+    if kind == "cpu":
+        return f"CPU <= {r['cpu_target']}x"
+    return "reported"
 
 
 def report(result: dict[str, Any]) -> str:
     s = result["settings"]
+
+    def ceiling(r: dict[str, Any], spec: str, *keys: str) -> str:
+        return " / ".join(format(r[k], spec) for k in keys) if all(k in r for k in keys) else "-"
+
     rows = [
         (
             r["server"],
             r["client"],
             f"{r['stock_median']:.0f}",
             f"{r['plugin_median']:.0f}",
+            ceiling(r, ".0f", "s_server_median"),
             f"**{r['ratio']:.2f}x**",
             f"{r['round_ratio_min']:.2f}-{r['round_ratio_max']:.2f}",
-            f"{r['stock_cpu_us']:.0f} / {r['plugin_cpu_us']:.0f}",
+            ceiling(r, ".2f", "stock_fraction", "plugin_fraction"),
+            f"{r['stock_cpu_us']:.0f} / {r['plugin_cpu_us']:.0f} / " + ceiling(r, ".0f", "s_server_cpu_us"),
             f"{r['cpu_ratio']:.2f}x",
-            f"{r['failures']['stock']}/{r['failures']['plugin']}",
-            f">= {r['target']}",
+            "/".join(str(r["failures"].get(side, "-")) for side in SIDES),
+            _target_cell(r),
         )
         for r in result["results"]
     ]
@@ -230,27 +373,33 @@ def report(result: dict[str, Any]) -> str:
         "client",
         "stock hs/s (median)",
         "plugin hs/s (median)",
+        "s_server hs/s (median)",
         "ratio plugin/stock",
         "per-round ratios",
-        "server CPU us/hs stock / plugin",
+        "fraction of s_server stock / plugin",
+        "server CPU us/hs stock / plugin / s_server",
         "CPU ratio stock/plugin",
-        "failed (stock/plugin)",
+        "failed (stock/plugin/s_server)",
         "target",
     )
     return (
         f"### Full-handshake throughput\n\n"
-        f"1 server worker each; {s['rounds']} alternating A/B rounds of {s['seconds per side per round']} s per side; "
+        f"1 server worker each; {s['rounds']} rounds of {s['seconds per side per round']} s per side, the order of "
+        f"stock, plugin and `openssl s_server` rotating every round; "
         f"`s_time` = `openssl s_time -new` (1 client, no request); `python` = {s['python client processes']} "
         f"client processes doing full handshakes (no session reuse, no request); {s['key type']} certificate. "
-        "Server CPU = user+system time of the server's processes during the window per handshake (medians): "
-        "its ratio is the throughput ratio a CPU-bound server would show, and is less disturbed by other load "
-        "on the machine; the targets use the measured throughput.\n\n" + kit.table(headers, rows)
+        "`openssl s_server` (single-threaded, same files, started once per run and measured in every server's "
+        "rounds) is the ceiling: a side's fraction is the median over rounds of its rate / that round's "
+        "s_server rate. Server CPU = user+system time of the server's processes during the window per "
+        "handshake (medians): its ratio is the throughput ratio a CPU-bound server would show, and is less "
+        "disturbed by other load on the machine. Targets: `rate` = plugin/stock handshakes/s (python client), "
+        "`CPU` = plugin's server CPU per handshake relative to stock's.\n\n" + kit.table(headers, rows)
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", nargs="+", default=list(kit.SERVERS), choices=kit.ALL_SERVERS)
+    parser.add_argument("--servers", nargs="+", default=[*kit.SERVERS, "gunicorn-tornado"], choices=kit.ALL_SERVERS)
     parser.add_argument("--clients-kind", nargs="+", default=["s_time", "python"], choices=["s_time", "python"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0, help="per side per round (s_time rounds to whole s)")

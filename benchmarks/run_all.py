@@ -35,6 +35,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "hostile_stall": [],
     "hypercorn_throughput": [],
     "sni_handshakes": [],
+    "resumption": [],
+    "worker_memory": [],
 }
 
 
@@ -78,6 +80,21 @@ def run_one(name: str, extra: list[str], quick: bool, tmp: Path) -> dict[str, An
     return result
 
 
+def draw_figure(tmp: Path, out: str) -> None:
+    """figure.py on the JSON results of this run that it draws (those that ran)."""
+    inputs = {
+        "--throughput": "handshake_throughput",
+        "--hypercorn": "hypercorn_throughput",
+        "--resumption": "resumption",
+    }
+    cmd = [sys.executable, str(kit.BENCH_DIR / "figure.py"), "--out", out]
+    for option, name in inputs.items():
+        if (tmp / f"{name}.json").exists():
+            cmd += [option, str(tmp / f"{name}.json")]
+    if len(cmd) > 4:
+        subprocess.run(cmd, check=False)
+
+
 def markdown(machine: dict[str, str], results: list[dict[str, Any]], quick: bool, total: float) -> str:
     parts = ["## Results", ""]
     if quick:
@@ -109,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run of every benchmark (under 3 minutes)")
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), help="run only these benchmarks")
     parser.add_argument("--out", help="also write the Markdown report to this file")
+    parser.add_argument(
+        "--figure", help="also draw the figure (figure.py) from this run's results into this PNG (docs/benchmarks.png)"
+    )
     args = parser.parse_args(argv)
     kit.sigterm_raises()
     machine = kit.machine()
@@ -119,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.only and name not in args.only:
                 continue
             results.append(run_one(name, extra, args.quick, tmp))
+        if args.figure:
+            draw_figure(tmp, args.figure)
     report = markdown(machine, results, args.quick, time.monotonic() - start)
     print(report)
     if args.out:

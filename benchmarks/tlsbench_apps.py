@@ -1,4 +1,4 @@
-"""The tiny apps the benchmark servers serve: WSGI and ASGI, both answering ``pid=N tlsreload=0|1``.
+"""The tiny apps the benchmark servers serve: WSGI and ASGI, both answering ``pid=N tlsreload=0|1 ...``.
 
 The pid tells the benchmark which worker answered (rotation latency needs every worker);
 ``tlsreload`` says whether the plugin is loaded in that worker, so a run can prove that the
@@ -12,10 +12,15 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+WATCHED_MODULES = ("prometheus_client", "asyncio")
+"""Modules whose presence in the worker each answer reports (``prometheus_client=0|1 ...``): what the
+memory benchmark names as the cause of a worker's size."""
+
 
 def _body() -> bytes:
     loaded = int("tlsreload_plugins" in sys.modules)
-    return f"pid={os.getpid()} tlsreload={loaded}\n".encode()
+    watched = " ".join(f"{name}={int(name in sys.modules)}" for name in WATCHED_MODULES)
+    return f"pid={os.getpid()} tlsreload={loaded} {watched}\n".encode()
 
 
 def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:

@@ -115,7 +115,7 @@ class CA:
             .sign(self.key, hashes.SHA256())
         )
         chain = cert.public_bytes(serialization.Encoding.PEM) + self.pem
-        return Pair(chain=chain, key=_pem_key(key), serial=format(serial, "X"))
+        return Pair(chain=chain, key=_pem_key(key), serial=serial_hex(serial))  # as openssl and probe() print it
 
     def issue_many(self, count: int, key_type: str = "ecdsa-p256") -> list[Pair]:
         """``count`` leaves, each with a new serial and a different key from the one before (two keys

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-WATCHED_MODULES = ("prometheus_client", "asyncio")
+WATCHED_MODULES = ("prometheus_client", "asyncio", "cryptography")
 """Modules whose presence in the worker each answer reports (``prometheus_client=0|1 ...``): what the
 memory benchmark names as the cause of a worker's size."""
 

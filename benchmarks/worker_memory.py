@@ -1,10 +1,15 @@
 """Memory per worker: RSS and PSS of each serving process, stock against the plugin, for every server.
 
-For each server, three servers run side by side, 2 workers each, the same certificate files: stock,
-the plugin with metrics off (the default), and the plugin with metrics on (``TLSRELOAD_METRICS=1``,
-which imports ``prometheus_client``). Each worker is first made to serve full handshakes and requests
-(``--requests`` per server, until both workers have answered), then the script waits two check
-intervals so that the plugin's checker has run, and reads ``/proc/PID/smaps_rollup`` of each worker:
+For each server, three servers run side by side, 2 workers each, the same certificate files (a
+kubelet-style secret volume): stock, the plugin with metrics off (the default), and the plugin with
+metrics on (``TLSRELOAD_METRICS=1``, which imports ``prometheus_client``). Each worker is first made to
+serve full handshakes and requests (``--requests`` per server, until both workers have answered), then
+the script waits two check intervals so that the plugin's checker has run, and reads
+``/proc/PID/smaps_rollup`` of each worker (``start``); then the certificate is rotated (``..data``
+swapped), the script waits until every plugin worker serves the new one, and reads it again
+(``reloaded``). A worker of a spawn-based server (uvicorn, hypercorn) takes its parent's verdict on the
+files it started with and imports ``cryptography`` only to judge new content: it grows at its first
+reload, which is why both are reported.
 
 * RSS: resident pages, shared ones included (what ``ps`` and most dashboards show);
 * PSS: each shared page divided among the processes sharing it (the arbiter and its workers share
@@ -12,12 +17,13 @@ intervals so that the plugin's checker has run, and reads ``/proc/PID/smaps_roll
 * USS: pages only this worker holds (private clean + private dirty).
 
 Each figure is the mean over the 2 workers, then the median over ``--rounds`` rounds (fresh servers
-each round). The app answers which watched modules (``prometheus_client``, ``asyncio``) the worker has
-loaded, so the cause of a difference is measured, not guessed.
+each round). The app answers which watched modules (``prometheus_client``, ``asyncio``,
+``cryptography``) the worker has loaded, so the cause of a difference is measured, not guessed.
 
-Target: plugin with metrics off at most 5 MiB PSS per worker over stock; metrics on: reported.
+Target: plugin with metrics off at most 5 MiB PSS per worker over stock, at start and after a reload;
+metrics on: reported.
 
-    python benchmarks/worker_memory.py                 # every server, 3 rounds: about 3 minutes
+    python benchmarks/worker_memory.py                 # every server, 3 rounds: about 4 minutes
     python benchmarks/worker_memory.py --quick         # 1 round, 40 requests
 """
 
@@ -65,6 +71,10 @@ def memory(pid: int) -> dict[str, float]:
     }
 
 
+STATES = ("start", "reloaded")
+"""When each worker is measured: after serving its first requests, and after serving a rotated certificate."""
+
+
 @contextlib.contextmanager
 def started(server: str, side: str, cert: Path, key: Path, tmp: Path) -> Iterator[kit.Server]:
     extra_env = SIDES[side]
@@ -74,9 +84,9 @@ def started(server: str, side: str, cert: Path, key: Path, tmp: Path) -> Iterato
         yield running
 
 
-def warm(running: kit.Server, requests: int) -> dict[int, frozenset[str]]:
-    """Make ``requests`` fresh connections (handshake + request), and more until every worker answered;
-    the modules each worker reported loaded, by pid."""
+def warm(running: kit.Server, requests: int, serial: str | None = None) -> dict[int, frozenset[str]]:
+    """Make ``requests`` fresh connections (handshake + request), and more until every worker answered (and,
+    given ``serial``, answered with that certificate); the modules each worker reported loaded, by pid."""
     ctx = kit.client_context()
     seen: dict[int, frozenset[str]] = {}
     deadline = time.monotonic() + 60
@@ -85,24 +95,36 @@ def warm(running: kit.Server, requests: int) -> dict[int, frozenset[str]]:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{running.label}: only workers {sorted(seen)} answered in 60 s:\n{running.output()}")
         answer = kit.probe(running.port, ctx)
-        seen[answer.pid] = answer.loaded
+        if serial is None or answer.serial == serial:
+            seen[answer.pid] = answer.loaded
         made += 1
     return seen
 
 
-def measure_round(server: str, cert: Path, key: Path, tmp: Path, requests: int) -> dict[str, Any]:
-    """One round: the three sides side by side; per side, each worker's memory and loaded modules."""
+def measure_round(server: str, ca: kit.CA, tmp: Path, requests: int, key_type: str) -> dict[str, Any]:
+    """One round: the three sides side by side, measured at start and after a rotation; per state and side,
+    each worker's memory and the modules loaded."""
+    volume = kit.KubeletDir(tmp / f"secret-{server}-{time.monotonic_ns()}")
+    volume.install(ca.issue(key_type))
+    measured: dict[str, Any] = {}
     with ExitStack() as stack:
-        servers = {side: stack.enter_context(started(server, side, cert, key, tmp)) for side in SIDES}
-        workers = {side: warm(running, requests) for side, running in servers.items()}
-        time.sleep(2 * INTERVAL)  # the checker has run in every plugin worker
-        return {
-            side: {
-                "workers": {pid: memory(pid) for pid in pids},
-                "loaded": sorted(set().union(*pids.values())),
-            }
-            for side, pids in workers.items()
+        servers = {
+            side: stack.enter_context(started(server, side, volume.cert_path, volume.key_path, tmp)) for side in SIDES
         }
+        rotated = ca.issue(key_type)
+        for state in STATES:
+            if state == "reloaded":
+                volume.install(rotated)
+            workers = {
+                side: warm(running, requests, rotated.serial if state == "reloaded" and running.plugin else None)
+                for side, running in servers.items()
+            }
+            time.sleep(2 * INTERVAL)  # the checker has run in every plugin worker
+            measured[state] = {
+                side: {"workers": {pid: memory(pid) for pid in pids}, "loaded": sorted(set().union(*pids.values()))}
+                for side, pids in workers.items()
+            }
+    return measured
 
 
 def mean(values: list[float]) -> float:
@@ -111,41 +133,42 @@ def mean(values: list[float]) -> float:
 
 def summarize(server: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {"server": server, "rounds": rounds}
-    for side in SIDES:
-        for figure in ("rss", "pss", "uss"):
-            per_round = [mean([w[figure] for w in r[side]["workers"].values()]) for r in rounds]
-            summary[f"{side}_{figure}"] = kit.median(per_round)
-        summary[f"{side}_loaded"] = sorted(set().union(*(r[side]["loaded"] for r in rounds)))
-    for side in ("plugin", "plugin+metrics"):
-        for figure in ("rss", "pss", "uss"):
-            summary[f"{side}_extra_{figure}"] = summary[f"{side}_{figure}"] - summary[f"stock_{figure}"]
+    for state in STATES:
+        for side in SIDES:
+            for figure in ("rss", "pss", "uss"):
+                per_round = [mean([w[figure] for w in r[state][side]["workers"].values()]) for r in rounds]
+                summary[f"{state}_{side}_{figure}"] = kit.median(per_round)
+            summary[f"{state}_{side}_loaded"] = sorted(set().union(*(r[state][side]["loaded"] for r in rounds)))
+        for side in ("plugin", "plugin+metrics"):
+            for figure in ("rss", "pss", "uss"):
+                extra = summary[f"{state}_{side}_{figure}"] - summary[f"{state}_stock_{figure}"]
+                summary[f"{state}_{side}_extra_{figure}"] = extra
     return summary
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results = []
     with kit.work_dir("memory") as tmp:
-        pair = kit.CA().issue(args.key_type)
-        cert, key = tmp / "cert.pem", tmp / "key.pem"
-        cert.write_bytes(pair.chain)
-        key.write_bytes(pair.key)
+        ca = kit.CA()
         for server in args.servers:
             rounds = []
             for r in range(args.rounds):
-                rounds.append(measure_round(server, cert, key, tmp, args.requests))
-                pss = {side: mean([w["pss"] for w in rounds[-1][side]["workers"].values()]) for side in SIDES}
-                kit.log(
-                    f"{server} round {r + 1}/{args.rounds}: PSS MiB "
-                    + ", ".join(f"{s} {v:.1f}" for s, v in pss.items())
+                rounds.append(measure_round(server, ca, tmp, args.requests, args.key_type))
+                figures = ", ".join(
+                    f"{state} {side} {mean([w['pss'] for w in rounds[-1][state][side]['workers'].values()]):.1f}"
+                    for state in STATES
+                    for side in SIDES
                 )
+                kit.log(f"{server} round {r + 1}/{args.rounds}: PSS MiB {figures}")
             results.append(summarize(server, rounds))
     targets = [
         kit.target_row(
-            f"{r['server']}: plugin (metrics off) PSS per worker over stock <= {TARGET_MIB:g} MiB",
-            f"{r['plugin_extra_pss']:+.1f} MiB",
-            r["plugin_extra_pss"] <= TARGET_MIB,
+            f"{r['server']}: plugin (metrics off) PSS per worker over stock, {state}, <= {TARGET_MIB:g} MiB",
+            f"{r[f'{state}_plugin_extra_pss']:+.1f} MiB",
+            r[f"{state}_plugin_extra_pss"] <= TARGET_MIB,
         )
         for r in results
+        for state in STATES
     ]
     return {
         "benchmark": "worker_memory",
@@ -158,22 +181,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     s = result["settings"]
 
-    def loaded(r: dict[str, Any], side: str) -> str:
-        return ", ".join(r[f"{side}_loaded"]) or "-"
+    def loaded(r: dict[str, Any], state: str) -> str:
+        return " / ".join(", ".join(r[f"{state}_{side}_loaded"]) or "-" for side in SIDES)
 
     rows = [
         (
             r["server"],
-            f"{r['stock_rss']:.1f} / {r['plugin_rss']:.1f} / {r['plugin+metrics_rss']:.1f}",
-            f"{r['stock_pss']:.1f} / {r['plugin_pss']:.1f} / {r['plugin+metrics_pss']:.1f}",
-            f"**{r['plugin_extra_pss']:+.1f}** / {r['plugin+metrics_extra_pss']:+.1f}",
-            f"{r['plugin_extra_uss']:+.1f} / {r['plugin+metrics_extra_uss']:+.1f}",
-            f"{loaded(r, 'stock')} / {loaded(r, 'plugin')} / {loaded(r, 'plugin+metrics')}",
+            state,
+            " / ".join(f"{r[f'{state}_{side}_rss']:.1f}" for side in SIDES),
+            " / ".join(f"{r[f'{state}_{side}_pss']:.1f}" for side in SIDES),
+            f"**{r[f'{state}_plugin_extra_pss']:+.1f}** / {r[f'{state}_plugin+metrics_extra_pss']:+.1f}",
+            f"{r[f'{state}_plugin_extra_uss']:+.1f} / {r[f'{state}_plugin+metrics_extra_uss']:+.1f}",
+            loaded(r, state),
         )
         for r in result["results"]
+        for state in STATES
     ]
     headers = (
         "server",
+        "when",
         "RSS MiB stock / plugin / plugin+metrics",
         "PSS MiB stock / plugin / plugin+metrics",
         "PSS over stock: plugin / +metrics",
@@ -182,11 +208,13 @@ def report(result: dict[str, Any]) -> str:
     )
     return (
         "### Memory per worker\n\n"
-        f"{s['workers']} workers per server, the three servers side by side; each worker served full handshakes "
-        f"and requests ({s['requests']} per server at least) and its checker ran; `/proc/PID/smaps_rollup`, mean "
-        f"of the workers, median of {s['rounds']} rounds (fresh servers each). PSS shares each page among the "
-        "processes that map it (a gunicorn arbiter and its workers share what was loaded before the fork); USS "
-        "counts the pages only the worker holds. Metrics on = `TLSRELOAD_METRICS=1`.\n\n" + kit.table(headers, rows)
+        f"{s['workers']} workers per server, the three servers side by side; `start`: each worker served full "
+        f"handshakes and requests ({s['requests']} per server at least) and its checker ran; `reloaded`: the same "
+        "after the certificate was rotated (kubelet `..data` swap) and every plugin worker served the new one. "
+        f"`/proc/PID/smaps_rollup`, mean of the workers, median of {s['rounds']} rounds (fresh servers each). PSS "
+        "shares each page among the processes that map it (a gunicorn arbiter and its workers share what was "
+        "loaded before the fork); USS counts the pages only the worker holds. Metrics on = "
+        "`TLSRELOAD_METRICS=1`.\n\n" + kit.table(headers, rows)
     )
 
 

@@ -21,6 +21,7 @@ from cryptography import x509
 from test_gunicorn import DROP_IN, UVICORN, WAITING, fetch, gunicorn, start, wait_every_worker
 from test_hypercorn import drop_in as hypercorn_drop_in
 from test_hypercorn import start as start_hypercorn
+from test_hypercorn import unless_hypercorn_left_on_hup
 from test_sni import install
 from test_sni_servers import command as sni_command
 from test_sni_servers import make_sites
@@ -214,6 +215,7 @@ def test_hypercorn_workers_restarted_by_hup_on_broken_files_serve_the_last_good(
             server.proc.send_signal(signal.SIGHUP)
 
             def both_new() -> bool:
+                unless_hypercorn_left_on_hup(server)
                 fresh.update(pid for _, pid in (fetch(port, ctx) for _ in range(6)) if pid not in before)
                 return len(fresh) >= 2
 
@@ -268,7 +270,13 @@ def test_an_expired_last_good_is_not_served_after_a_restart(tmp_path: Path, ca: 
         else:
             for pid in children(server.proc.pid):
                 os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: "waits for usable ones" in server.output(), DEADLINE, what="a replacement that waits")
+
+        def replacement_waits() -> bool:
+            if server_kind == "hypercorn":
+                unless_hypercorn_left_on_hup(server)
+            return "waits for usable ones" in server.output()
+
+        wait_until(replacement_waits, DEADLINE, what="a replacement that waits")
         # Nothing serves the expired leaf: connections wait in the listen queue or are refused.
         served = []
         for _ in range(3):
@@ -315,6 +323,8 @@ def test_workers_restarted_while_an_sni_identity_is_broken_serve_its_last_good(
         fresh: set[int] = set()
 
         def both_replaced() -> bool:
+            if server == "hypercorn":
+                unless_hypercorn_left_on_hup(running)
             batch = [fetch(port, ctx, server_name="a.test") for _ in range(6)]
             assert {s for s, _ in batch} == {a2.serial}, running.output()
             fresh.update(pid for _, pid in batch if pid not in before)

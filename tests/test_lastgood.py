@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import ssl
+import struct
 import tempfile
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import trustme
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
 from tlsreload_plugins.identity import Snapshot
-from tlsreload_plugins.lastgood import _HEADER, CopyStore, LastGood, SharedStore, in_memory_files
+from tlsreload_plugins.lastgood import _HEADER, CopyStore, LastGood, SharedStore, decode, encode, in_memory_files
 from tlstest import Pair, client_context, issue, served_serial, wait_for_child
 
 
@@ -179,3 +180,15 @@ def test_nothing_kept_is_the_usual_start_up_error(tmp_path: Path) -> None:
     last_good = LastGood(CopyStore(), recipe_for)
     with pytest.raises(InvalidIdentity, match=r"tls.crt does not exist; no certificate was served"):
         Reloader(str(cert), str(key), recipe=make_recipe(str(cert), str(key)), last_good=last_good)
+
+
+def test_the_table_round_trips_and_refuses_what_it_did_not_write(ca: trustme.CA) -> None:
+    pair = issue(ca)
+    table = {"": (pair.chain, pair.key, None), "shop": (pair.chain, None, b"ca bundle")}
+    assert decode(encode(table)) == table
+    for garbage in (b"", b"\xff" * 16, encode(table)[:-3]):
+        with pytest.raises(ValueError):
+            decode(garbage)
+    one_blob_pointing_at_the_second = struct.pack("<I", 1) + struct.pack("<I", 1) + b"x" + struct.pack("<I", 1)
+    with pytest.raises(ValueError):
+        decode(one_blob_pointing_at_the_second + struct.pack("<I", 1) + b"n" + struct.pack("<3i", 1, -1, -1))

@@ -162,10 +162,10 @@ def decode(payload: bytes) -> dict[str, Parts]:
     table: dict[str, Parts] = {}
     for _ in range(count()):
         name = take(count()).decode()
-        cert, key, ca = (None if i < 0 else blobs[i] for i in _ENTRY.unpack(take(_ENTRY.size)))
-        if cert is None:
-            raise ValueError(f"identity {name!r} kept without a certificate")
-        table[name] = (cert, key, ca)
+        cert, key, ca = _ENTRY.unpack(take(_ENTRY.size))
+        if cert < 0 or max(cert, key, ca) >= len(blobs):
+            raise ValueError(f"identity {name!r} kept with contents the table does not hold")
+        table[name] = (blobs[cert], None if key < 0 else blobs[key], None if ca < 0 else blobs[ca])
     return table
 
 

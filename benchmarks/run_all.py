@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kit.sigterm_raises()
     machine = kit.machine()
+    ticks = kit.cpu_ticks()
     start = time.monotonic()
     results = []
     with kit.work_dir("runall") as tmp:
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_one(name, extra, args.quick, tmp))
         if args.figure:
             draw_figure(tmp, args.figure)
+    machine["CPU stolen by the host during the run (/proc/stat)"] = kit.steal_share(ticks, kit.cpu_ticks())
     report = markdown(machine, results, args.quick, time.monotonic() - start)
     print(report)
     if args.out:

@@ -3,8 +3,8 @@ whose app answers which of asyncio, cryptography and prometheus_client its worke
 
 - A gunicorn sync worker loads no asyncio, and no prometheus_client unless metrics are asked for.
 - The workers of the spawn-based servers (tlsreload-uvicorn --workers, tlsreload-hypercorn) take their
-  parent's verdict on the files it validated and load no cryptography until they have new content to judge;
-  then they judge it themselves (a rotation is served, a bad pair refused). A trio worker loads no asyncio.
+  parent's verdict on the files, at start and on every rotation, and load no cryptography; only content the
+  parent refused is judged by each worker itself (a bad pair refused). A trio worker loads no asyncio.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_a_sync_worker_loads_no_asyncio_and_prometheus_client_only_when_asked(
 
 
 @pytest.mark.parametrize("server", ["tlsreload-uvicorn", "tlsreload-hypercorn-asyncio", "tlsreload-hypercorn-trio"])
-def test_spawned_workers_take_their_parent_s_verdict_and_judge_new_content_themselves(
+def test_spawned_workers_take_their_parent_s_verdicts_and_judge_only_what_it_refused(
     tmp_path: Path, ca: trustme.CA, server: str
 ) -> None:
     layout = KubeletLayout(tmp_path / "secret")
@@ -106,13 +106,15 @@ def test_spawned_workers_take_their_parent_s_verdict_and_judge_new_content_thems
             assert "cryptography" not in loaded, loaded
             assert "prometheus_client" not in loaded, loaded
             assert ("asyncio" in loaded) == (not server.endswith("trio")), loaded
-        # A bad pair: judged by each worker itself (cryptography loaded now), refused, the first leaf kept.
-        layout.write_raw(second.chain, first.key)
+        # A rotation: every worker serves it on the parent's verdict, still without cryptography.
+        layout.install(second)
+        rotated = every_worker(port, ctx, second.serial)
+        assert all("cryptography" not in loaded for loaded in rotated.values()), rotated
+        # A bad pair the parent refuses: each worker judges it itself (cryptography loaded now) and keeps the second.
+        layout.write_raw(first.chain, second.key)
         wait_until(
             lambda: running.output().count("certificate reload failed") >= 2, DEADLINE, what="each worker refusing"
         )
-        assert {ask(port, ctx)[0] for _ in range(8)} == {first.serial}
-        layout.install(second)
         after = every_worker(port, ctx, second.serial)
         assert running.proc.poll() is None, running.output()
     for loaded in after.values():

@@ -1,26 +1,39 @@
-"""The last good identity: kept in memory shared across fork(), rebuilt through the server's recipe
-from in-memory files, served by a reloader that starts while the files are broken. Real files,
-real fork(), real handshakes against an in-process server."""
+"""The last good identity: kept in memory shared across fork() and with spawned processes, rebuilt
+through the server's recipe from in-memory files, served by a reloader that starts while the files are
+broken; the keeper whose verdicts spawned workers take. Real files, real fork() and multiprocessing
+spawn, real handshakes against an in-process server."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import logging
+import multiprocessing
 import os
 import pickle
 import ssl
 import struct
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 import trustme
 
+from spawned import serve_and_reload
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
-from tlsreload_plugins.identity import Snapshot
-from tlsreload_plugins.lastgood import _HEADER, CopyStore, LastGood, SharedStore, decode, encode, in_memory_files
-from tlstest import Pair, client_context, issue, served_serial, wait_for_child
+from tlsreload_plugins.identity import Snapshot, validate
+from tlsreload_plugins.lastgood import (
+    _HEADER,
+    LastGood,
+    SharedStore,
+    decode,
+    encode,
+    in_memory_files,
+    keep_newest_valid,
+)
+from tlstest import KubeletLayout, Pair, client_context, issue, served_serial, wait_for_child, wait_until
 
 
 def recipe_for(files: TLSFiles) -> ssl.SSLContext:
@@ -60,7 +73,7 @@ def test_a_torn_region_falls_back_to_the_other(ca: trustme.CA) -> None:
     store.write(snapshot_of(first))
     store.write(snapshot_of(second))
     # A writer killed halfway through its next write: the newer region's payload no longer matches its digest.
-    store._map[newest_region(store) * store._region + 100] ^= 0xFF
+    store._map[store._base(newest_region(store)) + 100] ^= 0xFF
     fresh = SharedStore.__new__(SharedStore)  # another process's view: nothing cached
     vars(fresh).update(vars(store), _cached=(-1, 0, {}))
     assert fresh.read() == (first.chain, first.key, None)
@@ -93,14 +106,14 @@ def test_identities_sharing_a_ca_bundle_keep_it_once_and_can_be_forgotten(ca: tr
     sites = {f"site{n}": issue(ca, f"site{n}.test") for n in range(20)}
     for name, pair in sites.items():
         store.write(Snapshot(TLSFiles("tls.crt", "tls.key", "ca.pem"), pair.chain, pair.key, bundle), name)
-    generation, length, _ = _HEADER.unpack_from(store._map, newest_region(store) * store._region)
+    generation, length, _ = _HEADER.unpack_from(store._map, store._base(newest_region(store)))
     assert length < len(bundle) + sum(len(p.chain) + len(p.key) for p in sites.values()) + 4096
     assert store.read("site7") == (sites["site7"].chain, sites["site7"].key, bundle)
     store.forget("site7")
     assert store.read("site7") is None
     assert store.read("site8") == (sites["site8"].chain, sites["site8"].key, bundle)
     store.forget("site7")  # forgetting twice changes nothing
-    assert _HEADER.unpack_from(store._map, newest_region(store) * store._region)[0] == generation + 1
+    assert _HEADER.unpack_from(store._map, store._base(newest_region(store)))[0] == generation + 1
 
 
 def test_a_full_store_keeps_what_it_had_and_says_so_once(ca: trustme.CA, caplog: pytest.LogCaptureFixture) -> None:
@@ -116,8 +129,8 @@ def test_a_full_store_keeps_what_it_had_and_says_so_once(ca: trustme.CA, caplog:
     assert len(full) == 1 and "SNI identity big" in full[0], full
 
 
-def test_a_copy_store_travels_by_pickle(ca: trustme.CA) -> None:
-    store = CopyStore()
+def test_a_store_pickled_outside_a_process_start_is_a_copy(ca: trustme.CA) -> None:
+    store = SharedStore()
     pair, shop = issue(ca), issue(ca, "shop.test")
     store.write(snapshot_of(pair))
     store.write(snapshot_of(shop), "shop")
@@ -126,6 +139,15 @@ def test_a_copy_store_travels_by_pickle(ca: trustme.CA) -> None:
     assert copy.read("shop") == (shop.chain, shop.key, None)
     copy.forget("shop")
     assert copy.read("shop") is None and store.read("shop") is not None
+
+
+def test_without_a_keeper_nobody_is_asked_and_a_silent_keeper_is_waited_for_boundedly() -> None:
+    store = SharedStore()
+    assert store.ask() is False  # gunicorn's: no keeper, no wait
+    store.keep()  # a keeper that never looks
+    started = time.monotonic()
+    assert store.ask(wait=0.2) is False
+    assert 0.2 <= time.monotonic() - started < 5
 
 
 def test_in_memory_files_build_a_context_and_leave_nothing_on_disk(ca: trustme.CA) -> None:
@@ -169,7 +191,7 @@ def test_an_expired_last_good_is_not_served(tmp_path: Path, ca: trustme.CA) -> N
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     now = datetime.datetime.now(datetime.timezone.utc)
     expired = issue(ca, not_before=now - datetime.timedelta(days=2), not_after=now - datetime.timedelta(days=1))
-    last_good = LastGood(CopyStore(), recipe_for)
+    last_good = LastGood(SharedStore(), recipe_for)
     last_good.remember(snapshot_of(expired))
     with pytest.raises(InvalidIdentity, match=r"does not exist; the last good certificate .* outside its validity"):
         Reloader(str(cert), str(key), recipe=make_recipe(str(cert), str(key)), last_good=last_good)
@@ -177,18 +199,62 @@ def test_an_expired_last_good_is_not_served(tmp_path: Path, ca: trustme.CA) -> N
 
 def test_nothing_kept_is_the_usual_start_up_error(tmp_path: Path) -> None:
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    last_good = LastGood(CopyStore(), recipe_for)
+    last_good = LastGood(SharedStore(), recipe_for)
     with pytest.raises(InvalidIdentity, match=r"tls.crt does not exist; no certificate was served"):
         Reloader(str(cert), str(key), recipe=make_recipe(str(cert), str(key)), last_good=last_good)
 
 
 def test_the_table_round_trips_and_refuses_what_it_did_not_write(ca: trustme.CA) -> None:
     pair = issue(ca)
-    table = {"": (pair.chain, pair.key, None), "shop": (pair.chain, None, b"ca bundle")}
+    leaf = validate(snapshot_of(pair))
+    table = {"": ((pair.chain, pair.key, None), leaf), "shop": ((pair.chain, None, b"ca bundle"), None)}
     assert decode(encode(table)) == table
     for garbage in (b"", b"\xff" * 16, encode(table)[:-3]):
         with pytest.raises(ValueError):
             decode(garbage)
     one_blob_pointing_at_the_second = struct.pack("<I", 1) + struct.pack("<I", 1) + b"x" + struct.pack("<I", 1)
     with pytest.raises(ValueError):
-        decode(one_blob_pointing_at_the_second + struct.pack("<I", 1) + b"n" + struct.pack("<3i", 1, -1, -1))
+        decode(one_blob_pointing_at_the_second + struct.pack("<I", 1) + b"n" + struct.pack("<4i", 1, -1, -1, -1))
+    a_leaf_that_is_not_one = one_blob_pointing_at_the_second + struct.pack("<I", 1) + b"n"
+    with pytest.raises(ValueError):
+        decode(a_leaf_that_is_not_one + struct.pack("<4i", 0, -1, -1, 0))
+
+
+def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_path: Path, ca: trustme.CA) -> None:
+    """As uvicorn's and hypercorn's workers: the store travels with the process's arguments, the parent keeps
+    it (keep_newest_valid) and the worker loads no cryptography while what it finds on disk is valid."""
+    layout = KubeletLayout(tmp_path / "secret")
+    first, second, third = issue(ca), issue(ca), issue(ca)
+    layout.install(first)
+    files = TLSFiles(str(layout.cert_path), str(layout.key_path))
+    store = SharedStore()
+    keep_newest_valid(lambda: {"": files}, None, store, interval=30.0)  # only asks make it look again
+    layout.install(second)  # new since the keeper looked: the worker has to ask at start already
+    out = tmp_path / "worker"
+
+    def result(step: str) -> dict[str, object]:
+        path = out.with_suffix(f".{step}")
+        wait_until(path.exists, 30, what=f"the spawned worker's {step}")
+        data: dict[str, object] = json.loads(path.read_text())
+        return data
+
+    worker = multiprocessing.get_context("spawn").Process(
+        target=serve_and_reload, args=(store, files.certfile, files.keyfile, str(out))
+    )
+    worker.start()
+    try:
+        assert result("start") == {"serial": second.serial, "outcome": None, "cryptography": False, "kept": True}
+        layout.install(third)
+        out.with_suffix(".step").write_text("reload")
+        assert result("reload") == {"serial": third.serial, "outcome": "reloaded", "cryptography": False, "kept": True}
+        assert store.read() == (third.chain, third.key, None)
+        # A pair the keeper refuses: the worker judges it itself, refuses it, and keeps serving the third.
+        layout.write_raw(first.chain, third.key)
+        out.with_suffix(".step").write_text("bad")
+        assert result("bad") == {"serial": third.serial, "outcome": "failed", "cryptography": True, "kept": True}
+    finally:
+        out.with_suffix(".step").write_text("stop")
+        worker.join(30)
+        if worker.exitcode is None:
+            worker.kill()
+    assert worker.exitcode == 0

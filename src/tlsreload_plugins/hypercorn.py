@@ -21,14 +21,16 @@ with the context, and stop when the worker's loop does.
 
 The last good identity: a worker that starts while the files on disk are unusable serves the newest
 valid identity instead (one WARNING says so), and moves to the files as soon as they are usable. The
-drop-in validates the files once in hypercorn's parent process and keeps the newest valid pair there
-(:func:`~tlsreload_plugins.lastgood.keep_newest_valid`, every interval) in a
-:class:`~tlsreload_plugins.lastgood.CopyStore` on the ``Config``, which hypercorn pickles into each
-worker it starts (at start-up, on SIGHUP, on ``--reload``). A worker with nothing valid to serve (the
-kept pair expired) waits for usable files without serving, rather than exit non-zero, on which
-hypercorn stops the whole server; it leaves with status 0 when hypercorn stops its workers or on
-SIGTERM. :class:`ReloadingConfig` used from Python keeps the pair :meth:`~ReloadingConfig.check_tls_files`
-validated (and each one it served) on the config, within the process.
+drop-in validates the files in hypercorn's parent process and keeps the newest valid pair there
+(:func:`~tlsreload_plugins.lastgood.keep_newest_valid`, every interval and whenever a worker asks) in a
+:class:`~tlsreload_plugins.lastgood.SharedStore` on the ``Config``, which hypercorn passes to each
+worker it starts (at start-up, on SIGHUP, on ``--reload``): the parent and its workers share it, and a
+worker takes the parent's verdict on new files instead of loading ``cryptography`` to parse them. A
+worker with nothing valid to serve (the kept pair expired) waits for usable files without serving,
+rather than exit non-zero, on which hypercorn stops the whole server; it leaves with status 0 when
+hypercorn stops its workers or on SIGTERM. :class:`ReloadingConfig` used from Python keeps the pair
+:meth:`~ReloadingConfig.check_tls_files` validated (and each one it served) on the config, within the
+process.
 
 HTTP/3 is refused: hypercorn's QUIC server hands the certificate *files* to aioquic once, when it
 starts, so ``--quic-bind`` would keep serving the first certificate forever. Combined with
@@ -55,7 +57,7 @@ from hypercorn.config import Config
 from . import metrics, sni
 from .drivers import AsyncioDriver
 from .identity import InvalidIdentity, Password, ReloadError, TLSFiles, password_text
-from .lastgood import CopyStore, LastGood, keep_newest_valid
+from .lastgood import LastGood, SharedStore, keep_newest_valid
 from .reloader import (
     INTERVAL_ENV,
     Recipe,
@@ -118,7 +120,7 @@ class ReloadingConfig(Config):
     tls_reload_interval: float | None = None
     tls_sni: list[str] | None = None
     tls_metrics: bool | None = None
-    _tls_last_good: CopyStore | None = None  # see _last_good()
+    _tls_last_good: SharedStore | None = None  # see _last_good()
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
         """hypercorn's own context, made to follow the files: called by hypercorn in each worker.
@@ -197,10 +199,10 @@ class ReloadingConfig(Config):
     def _files(self) -> TLSFiles:
         return TLSFiles(str(self.certfile), str(self.keyfile), str(self.ca_certs) if self.ca_certs else None)
 
-    def _last_good(self) -> CopyStore:
-        """The last good identity, kept on this config: pickled with it into each worker hypercorn starts."""
+    def _last_good(self) -> SharedStore:
+        """The last good identity, kept on this config: shared with each worker hypercorn starts."""
         if self._tls_last_good is None:
-            self._tls_last_good = CopyStore()
+            self._tls_last_good = SharedStore()
         return self._tls_last_good
 
     def _recipe(self, password: Password, files: TLSFiles | None = None) -> Recipe:

@@ -5,15 +5,17 @@ A server's processes come and go (gunicorn's ``max_requests``, HUP, a crashed or
 uvicorn's supervisor replacing a child). A new process reads the files like the first one did;
 if they are broken at that moment it has nothing to serve, although its siblings were serving a
 good certificate a moment before. :class:`LastGood` keeps the newest identity a server put in
-service in a :class:`Store` its processes share, and builds a context from it when the files
-cannot be used. A store keeps one identity per name: the configured one (:data:`DEFAULT`) and
-each SNI identity (:mod:`tlsreload_plugins.sni`) under its own name.
+service in a :class:`SharedStore`, memory all its processes share, and builds a context from it
+when the files cannot be used. The store keeps one identity per name: the configured one
+(:data:`DEFAULT`) and each SNI identity (:mod:`tlsreload_plugins.sni`) under its own name, each
+with the leaf its validation found. Nothing touches the disk.
 
-* :class:`SharedStore` for servers that ``fork()`` their workers (gunicorn): an anonymous shared
-  memory mapping created before the first fork. Every worker writes what it starts serving; every
-  new worker reads it. Nothing touches the disk.
-* :class:`CopyStore` for servers that start workers with ``spawn`` (uvicorn's ``--workers``): a
-  plain holder pickled into each new child with its configuration; the parent keeps it current.
+* Servers that ``fork()`` their workers (gunicorn) create the store before the first fork. Every
+  worker writes what it starts serving; every new worker reads it.
+* Servers that start workers with ``spawn`` (uvicorn's ``--workers``, hypercorn) pass the store to
+  each child with its configuration (on Linux, as a memfd). Their parent validates the files too
+  (:func:`keep_newest_valid`), so a worker takes the parent's verdict on new content instead of
+  loading ``cryptography`` to parse it.
 
 A context is built from the bytes through the server's own recipe, given paths to in-memory files
 (``memfd_create``, read as ``/proc/self/fd/N``). Where memfd is missing, the files go to a private
@@ -25,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import mmap
 import os
+import select
 import shutil
 import signal
 import ssl
@@ -69,54 +73,13 @@ DEFAULT = ""
 their own names (their directories' names), which are never empty."""
 
 
-class Store(Protocol):
-    """Where the processes of one server keep the newest identity each of its names served."""
+Kept = tuple[Parts, "Leaf | None"]
+"""An identity as kept, with the leaf its validation found (``None``: kept without it)."""
 
-    def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
-        """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
-        ``leaf`` its validation found. Never raises."""
-
-    def read(self, name: str = DEFAULT) -> Parts | None:
-        """The newest ``(cert, key, ca)`` kept for ``name``, or ``None``."""
-
-    def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
-        """The identity kept for ``name`` with the leaf its validation found, when the store keeps that."""
-
-    def forget(self, name: str) -> None:
-        """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
-
-
-class CopyStore:
-    """A holder that travels by copy: pickled into each new process with the server's configuration.
-
-    It keeps each identity with the leaf its validation found: a process started with it whose
-    files hold exactly those bytes takes that verdict instead of parsing them again, and so does
-    not import ``cryptography`` until it has new content to judge. Its table is replaced on every
-    change, never changed in place: the server may pickle it for a new process while the parent's
-    keeper thread writes.
-    """
-
-    def __init__(self) -> None:
-        self.identities: dict[str, tuple[Parts, Leaf | None]] = {}
-
-    def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
-        self.identities = {**self.identities, name: ((snapshot.cert, snapshot.key, snapshot.ca), leaf)}
-
-    def read(self, name: str = DEFAULT) -> Parts | None:
-        kept = self.identities.get(name)
-        return None if kept is None else kept[0]
-
-    def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
-        kept = self.identities.get(name)
-        return None if kept is None or kept[1] is None else (kept[0], kept[1])
-
-    def forget(self, name: str) -> None:
-        self.identities = {key: parts for key, parts in self.identities.items() if key != name}
-
-
+_PASSES = struct.Struct("<QQ")  # the keeper's passes: how many it began, the number of the last one it completed
 _HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the payload
 _COUNT = struct.Struct("<I")
-_ENTRY = struct.Struct("<3i")  # indices of an identity's cert, key and CA among the table's blobs (-1: none)
+_ENTRY = struct.Struct("<4i")  # indices of an identity's cert, key, CA and leaf among the table's blobs (-1: none)
 
 REGION_BYTES = 16 * 1024 * 1024
 """Room for the table of kept identities in a :class:`SharedStore`: the configured identity and
@@ -126,14 +89,40 @@ Only the pages written are ever used."""
 LOCK_WAIT = 2.0
 """Seconds a write waits for another process's write to end before giving up (it logs why)."""
 
+ASK_WAIT = 1.0
+"""Seconds a worker waits for the keeper's verdict on new content (:meth:`SharedStore.ask`) before it
+judges the content itself."""
 
-def encode(table: Mapping[str, Parts]) -> bytes:
-    """The payload of a :class:`SharedStore` region: each distinct file content once, then each
-    identity's name and the indices of its contents (SNI identities share the client-CA bundle)."""
+
+def _leaf_bytes(leaf: Leaf | None) -> bytes | None:
+    if leaf is None:
+        return None
+    fields = [leaf.subject, leaf.serial, list(leaf.sans), leaf.not_before.isoformat(), leaf.not_after.isoformat()]
+    return json.dumps([*fields, leaf.sha256]).encode()
+
+
+def _leaf_from(data: bytes) -> Leaf:
+    try:
+        subject, serial, sans, not_before, not_after, sha256 = json.loads(data)
+        return Leaf(
+            str(subject),
+            str(serial),
+            tuple(str(san) for san in sans),
+            datetime.fromisoformat(not_before),
+            datetime.fromisoformat(not_after),
+            str(sha256),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"a leaf kept in a form this version does not read: {e}") from e
+
+
+def encode(table: Mapping[str, Kept]) -> bytes:
+    """The payload of a :class:`SharedStore` region: each distinct content once (file contents, leaves),
+    then each identity's name and the indices of its contents (SNI identities share the client-CA bundle)."""
     blobs: dict[bytes, int] = {}
     entries: list[bytes] = []
-    for name, parts in table.items():
-        indices = [-1 if part is None else blobs.setdefault(part, len(blobs)) for part in parts]
+    for name, (parts, leaf) in table.items():
+        indices = [-1 if blob is None else blobs.setdefault(blob, len(blobs)) for blob in (*parts, _leaf_bytes(leaf))]
         label = name.encode()
         entries += [_COUNT.pack(len(label)), label, _ENTRY.pack(*indices)]
     out = [_COUNT.pack(len(blobs))]
@@ -142,7 +131,7 @@ def encode(table: Mapping[str, Parts]) -> bytes:
     return b"".join([*out, _COUNT.pack(len(table)), *entries])
 
 
-def decode(payload: bytes) -> dict[str, Parts]:
+def decode(payload: bytes) -> dict[str, Kept]:
     """The table :func:`encode` wrote. Raises ``ValueError`` on a payload it did not write."""
     view = memoryview(payload)
     at = 0
@@ -159,13 +148,14 @@ def decode(payload: bytes) -> dict[str, Parts]:
         return int(n)
 
     blobs = [take(count()) for _ in range(count())]
-    table: dict[str, Parts] = {}
+    table: dict[str, Kept] = {}
     for _ in range(count()):
         name = take(count()).decode()
-        cert, key, ca = _ENTRY.unpack(take(_ENTRY.size))
-        if cert < 0 or max(cert, key, ca) >= len(blobs):
+        cert, key, ca, leaf = _ENTRY.unpack(take(_ENTRY.size))
+        if cert < 0 or max(cert, key, ca, leaf) >= len(blobs):
             raise ValueError(f"identity {name!r} kept with contents the table does not hold")
-        table[name] = (blobs[cert], None if key < 0 else blobs[key], None if ca < 0 else blobs[ca])
+        parts = (blobs[cert], None if key < 0 else blobs[key], None if ca < 0 else blobs[ca])
+        table[name] = (parts, None if leaf < 0 else _leaf_from(blobs[leaf]))
     return table
 
 
@@ -173,8 +163,49 @@ def _named(name: str) -> str:
     return f"SNI identity {name}" if name else "the server"
 
 
+class _Descriptor(Protocol):
+    """What multiprocessing hands a child for a file descriptor it passed along (``DupFd``)."""
+
+    def detach(self) -> int: ...
+
+
+def _for_process_being_started(*fds: int | None) -> tuple[_Descriptor | None, ...] | None:
+    """``fds`` wrapped to be passed to the process multiprocessing is starting now (it pickles that
+    process's arguments, a server's configuration among them), or ``None`` when it is starting none."""
+    try:
+        from multiprocessing import context, reduction
+
+        if context.get_spawning_popen() is None:
+            return None
+        return tuple(None if fd is None else reduction.DupFd(fd) for fd in fds)
+    except (ImportError, AttributeError):  # multiprocessing changed: the child gets a copy (see keep_newest_valid)
+        return None
+
+
+def shared_with_spawned_processes() -> str | None:
+    """``None`` when a :class:`SharedStore` pickled for a process multiprocessing starts (uvicorn's
+    and hypercorn's workers) is shared with it, live; otherwise why the process gets a copy."""
+    if not hasattr(os, "memfd_create"):
+        return "this system has no memfd_create"
+    try:
+        from multiprocessing import context, reduction
+    except ImportError as e:
+        return f"multiprocessing cannot be imported: {e}"
+    for module, name in ((context, "get_spawning_popen"), (reduction, "DupFd")):
+        if not callable(getattr(module, name, None)):
+            return f"multiprocessing.{module.__name__.rpartition('.')[2]}.{name} is missing in this Python"
+    return None
+
+
 class SharedStore:
-    """An anonymous ``MAP_SHARED`` mapping: created in a parent before ``fork()``, shared by all its children.
+    """The newest identity each name of one server served, with the leaf its validation found, in
+    memory every process of the server shares.
+
+    Created in the parent before it starts its workers. Forked workers (gunicorn) share the mapping
+    they inherit. Spawned ones (uvicorn's ``--workers``, hypercorn) get the store with the
+    configuration the server pickles for them: on Linux the mapping is a memfd, passed to each child
+    as a file descriptor as the server's listening sockets are, so the parent and every child share
+    one table; elsewhere a child gets a copy of the table as it was when the child started.
 
     It holds one table of identities, by name, in one of two regions written alternately, each with a
     generation number and a digest of its payload: a writer killed halfway leaves a region whose
@@ -182,29 +213,51 @@ class SharedStore:
     Writers take turns through a POSIX record lock, which the kernel releases when its holder dies,
     and never wait on it: they try again every millisecond, so a gevent hub is never blocked, and
     give up after :data:`LOCK_WAIT` seconds.
+
+    A spawn server's parent keeps the table current (:func:`keep_newest_valid`); a worker that finds
+    new content on disk asks it to look (:meth:`ask`), and takes its verdict instead of parsing the content
+    itself, so the workers load no ``cryptography`` while the content on disk is valid.
     """
 
     def __init__(self, region_bytes: int = REGION_BYTES) -> None:
         self._region = _HEADER.size + region_bytes
-        self._map = mmap.mmap(-1, 2 * self._region, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
-        # The lock's file holds nothing: in memory where the system allows it, else an unlinked empty file.
+        size = _PASSES.size + 2 * self._region
+        self._fd: int | None = None
         if hasattr(os, "memfd_create"):
-            self._lock_fd = os.memfd_create("tlsreload-lock", getattr(os, "MFD_CLOEXEC", 1))
+            self._fd = self._lock_fd = os.memfd_create("tlsreload-last-good", getattr(os, "MFD_CLOEXEC", 1))
+            os.ftruncate(self._fd, size)
+            self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED)
         else:
-            with tempfile.TemporaryFile() as lock_file:
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+            with tempfile.TemporaryFile() as lock_file:  # holds nothing: only locked
                 self._lock_fd = os.dup(lock_file.fileno())
+        self._asks: int | None = None  # where a worker asks the keeper to look (a pipe's write end)
+        self._start_in_process()
+
+    def _start_in_process(self) -> None:
         self._in_process = threading.Lock()  # POSIX record locks do not exclude threads of one process
-        self._cached: tuple[int, int, dict[str, Parts]] = (-1, 0, {})  # region, generation, table
+        self._cached: tuple[int, int, dict[str, Kept]] = (-1, 0, {})  # region, generation, table
         self._full_logged: set[str] = set()
 
+    def __reduce__(self) -> tuple[Callable[..., SharedStore], tuple[object, ...]]:
+        passed = _for_process_being_started(self._fd, self._asks) if self._fd is not None else None
+        if passed is not None:
+            return _attached, (*passed, self._region - _HEADER.size)
+        return _copied, (encode(self._table()), self._region - _HEADER.size)
+
+    # -- the table ------------------------------------------------------------------------------
+
+    def _base(self, index: int) -> int:
+        return _PASSES.size + index * self._region
+
     def _generation(self, index: int) -> int:
-        generation: int = _HEADER.unpack_from(self._map, index * self._region)[0]
+        generation: int = _HEADER.unpack_from(self._map, self._base(index))[0]
         return generation
 
-    def _table(self) -> dict[str, Parts]:
+    def _table(self) -> dict[str, Kept]:
         """The newest intact table (empty when none is)."""
         for index in sorted((0, 1), key=self._generation, reverse=True):
-            base = index * self._region
+            base = self._base(index)
             generation, length, digest = _HEADER.unpack_from(self._map, base)
             if generation == 0 or length > self._region - _HEADER.size:
                 continue
@@ -222,22 +275,29 @@ class SharedStore:
         return {}
 
     def read(self, name: str = DEFAULT) -> Parts | None:
-        return self._table().get(name)
+        """The newest ``(cert, key, ca)`` kept for ``name``, or ``None``."""
+        kept = self._table().get(name)
+        return None if kept is None else kept[0]
 
-    def verdict(self, name: str = DEFAULT) -> None:
-        """Never kept here: a forked worker has ``cryptography`` loaded before the fork anyway."""
-        return None
+    def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
+        """The identity kept for ``name`` with the leaf its validation found, or ``None``."""
+        kept = self._table().get(name)
+        return None if kept is None or kept[1] is None else (kept[0], kept[1])
 
     def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
+        """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
+        ``leaf`` its validation found. Never raises."""
         parts = (snapshot.cert, snapshot.key, snapshot.ca)
-        if self.read(name) != parts:
-            self._change(name, lambda table: table.__setitem__(name, parts))
+        kept = self._table().get(name)
+        if kept is None or kept[0] != parts or (leaf is not None and kept[1] != leaf):
+            self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
 
     def forget(self, name: str) -> None:
+        """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
         if self.read(name) is not None:
             self._change(name, lambda table: table.pop(name, None))
 
-    def _change(self, name: str, change: Callable[[dict[str, Parts]], object]) -> None:
+    def _change(self, name: str, change: Callable[[dict[str, Kept]], object]) -> None:
         with self._exclusive() as locked:
             if not locked:
                 log.warning("the last good certificate of %s is not kept: another process held the store", _named(name))
@@ -258,7 +318,7 @@ class SharedStore:
                 return
             generations = [self._generation(i) for i in (0, 1)]
             index = 0 if generations[0] <= generations[1] else 1  # overwrite the older region
-            base = index * self._region
+            base = self._base(index)
             _HEADER.pack_into(self._map, base, 0, len(payload), b"")  # invalid while being written
             self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
             _HEADER.pack_into(self._map, base, max(generations) + 1, len(payload), hashlib.sha256(payload).digest())
@@ -284,6 +344,86 @@ class SharedStore:
                 yield False
                 return
             time.sleep(0.001)  # cooperative under gevent
+
+    # -- the keeper -----------------------------------------------------------------------------
+
+    def ask(self, wait: float = ASK_WAIT) -> bool:
+        """Have the keeper (:func:`keep_newest_valid`, in a spawn server's parent) look at the files
+        now, and wait until it has: ``True`` then; ``False`` at once when this store has no keeper
+        (gunicorn's), or after ``wait`` seconds when the keeper does not answer. Blocking."""
+        if self._asks is None:
+            return False
+        begun = self._passes()[0]
+        try:
+            os.write(self._asks, b"?")
+        except BlockingIOError:
+            pass  # the pipe is full of asks the keeper has yet to read: it will look
+        except OSError:
+            return False  # the keeper is gone
+        deadline = time.monotonic() + wait
+        while self._passes()[1] <= begun:  # until a pass that began after the ask has completed
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def _passes(self) -> tuple[int, int]:
+        begun, completed = _PASSES.unpack_from(self._map, 0)
+        return int(begun), int(completed)
+
+    def keep(self) -> Keeper:
+        """Make this process the store's keeper: the processes it starts from now on can :meth:`ask` it."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)  # shared with the children: a full pipe never blocks a worker
+        self._asks = write_end
+        return Keeper(self, read_end)
+
+
+@dataclass(frozen=True)
+class Keeper:
+    """The keeper's side of a :class:`SharedStore`: it waits for asks, and numbers its passes."""
+
+    store: SharedStore
+    asks: int
+    """The read end of the pipe workers ask through."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when a worker asks, or after ``timeout`` seconds."""
+        if select.select([self.asks], [], [], timeout)[0]:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.asks, 65536)
+
+    @contextlib.contextmanager
+    def one_pass(self) -> Iterator[None]:
+        """Number a look at every identity: a worker's :meth:`SharedStore.ask` waits for the end of one
+        that began after it asked."""
+        begun, completed = self.store._passes()
+        _PASSES.pack_into(self.store._map, 0, begun + 1, completed)
+        try:
+            yield
+        finally:
+            _PASSES.pack_into(self.store._map, 0, begun + 1, begun + 1)
+
+
+def _attached(mapping: _Descriptor, asks: _Descriptor | None, region_bytes: int) -> SharedStore:
+    """The :class:`SharedStore` a spawned process shares with its parent, from the descriptors passed."""
+    store = SharedStore.__new__(SharedStore)
+    store._region = _HEADER.size + region_bytes
+    store._fd = store._lock_fd = mapping.detach()
+    store._map = mmap.mmap(store._fd, _PASSES.size + 2 * store._region, flags=mmap.MAP_SHARED)
+    store._asks = asks.detach() if asks is not None else None
+    store._start_in_process()
+    return store
+
+
+def _copied(payload: bytes, region_bytes: int) -> SharedStore:
+    """A :class:`SharedStore` of this process only, holding the table ``payload`` (see :func:`encode`)."""
+    store = SharedStore(region_bytes)
+    table = decode(payload)
+    if table:
+        store._change(DEFAULT, lambda kept: kept.update(table))
+    return store
 
 
 @contextlib.contextmanager
@@ -329,13 +469,13 @@ class LastGood:
     """The newest identity a server served under one name, and how to build a context from it.
 
     Attributes:
-        store: where the identity is kept (:class:`SharedStore`, :class:`CopyStore`).
+        store: where the identity is kept.
         recipe_for: the server's recipe, aimed at other paths.
         name: the name it is kept under: :data:`DEFAULT` for the configured identity, an SNI
             identity's name for that identity.
     """
 
-    store: Store
+    store: SharedStore
     recipe_for: RecipeFor
     name: str = DEFAULT
 
@@ -344,12 +484,15 @@ class LastGood:
         self.store.write(snapshot, self.name, leaf)
 
     def judged(self, snapshot: Snapshot) -> Leaf | None:
-        """The leaf a validation found for exactly the bytes of ``snapshot``, when the store keeps one
-        for :attr:`name` (a spawn server's parent validated them): no need to parse them again."""
+        """The leaf a validation found for exactly the bytes of ``snapshot``, when the store keeps one for
+        :attr:`name` (another process of the server validated them): no need to parse them again. When
+        the store does not, and a keeper looks after it (a spawn server's parent), the keeper is asked to
+        look first. ``None`` when nobody has found them valid. Blocking (up to :data:`ASK_WAIT`)."""
+        parts = (snapshot.cert, snapshot.key, snapshot.ca)
         kept = self.store.verdict(self.name)
-        if kept is None or kept[0] != (snapshot.cert, snapshot.key, snapshot.ca):
-            return None
-        return kept[1]
+        if (kept is None or kept[0] != parts) and self.store.ask():
+            kept = self.store.verdict(self.name)
+        return kept[1] if kept is not None and kept[0] == parts else None
 
     def recall(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
         """Validate the kept identity again, judge its dates at ``now``, and build a context from it.
@@ -381,37 +524,50 @@ class LastGood:
 
 
 def keep_newest_valid(
-    identities: Callable[[], Mapping[str, TLSFiles]], password: Password, store: Store, interval: float
+    identities: Callable[[], Mapping[str, TLSFiles]], password: Password, store: SharedStore, interval: float
 ) -> threading.Thread:
     """Keep ``store`` holding the newest valid identity of each name ``identities()`` gives (the
     configured identity under :data:`DEFAULT`, and every SNI identity found now), with the leaf
-    each validation found: checked at once, then every ``interval`` seconds in a daemon thread;
-    returns the thread. A name no longer given is forgotten.
+    each validation found: checked at once, then every ``interval`` seconds and whenever a worker
+    :meth:`asks <SharedStore.ask>`, in a daemon thread; returns the thread. A name no longer given
+    is forgotten.
 
     For the parent of a server that starts its workers with ``spawn`` (uvicorn's ``--workers``,
-    hypercorn's): each child it starts later gets a pickled copy of the store. A thread is safe in
-    such a parent: its children start as fresh interpreters, not as a bare ``fork()`` of it.
+    hypercorn's), before it starts them: they share the store, and take the verdicts found here
+    instead of loading ``cryptography`` to parse the files themselves. A thread is safe in such a
+    parent: its children start as fresh interpreters, not as a bare ``fork()`` of it. Where the store
+    cannot be shared with them (:func:`shared_with_spawned_processes`), one WARNING says so: each
+    worker then gets a copy of the store when it starts, and judges new content itself.
     """
+    why_not = shared_with_spawned_processes()
+    if why_not is not None:
+        log.warning(
+            "workers get a copy of the last good certificate when they start, and validate new certificates "
+            "themselves (about 5 MiB more each): %s",
+            why_not,
+        )
+    keeper = store.keep()
 
     # The content judged last, by name; not set for a pair refused for its dates only, which time changes.
     seen: dict[str, str] = {}
 
     def keep_all() -> None:
-        try:
-            found = dict(identities())
-        except Exception:  # an SNI directory gone: the serving processes report it
-            found = {}
-        for name in [name for name in seen if name not in found]:
-            del seen[name]
-            store.forget(name)
-        for name, files in found.items():
-            judged = _keep_if_valid(files, password, store, name, seen.get(name))
-            if judged is not None:
-                seen[name] = judged
+        with keeper.one_pass():
+            try:
+                found = dict(identities())
+            except Exception:  # an SNI directory gone: the serving processes report it
+                found = {}
+            for name in [name for name in seen if name not in found]:
+                del seen[name]
+                store.forget(name)
+            for name, files in found.items():
+                judged = _keep_if_valid(files, password, store, name, seen.get(name))
+                if judged is not None:
+                    seen[name] = judged
 
     def keep() -> None:
         while True:
-            time.sleep(interval)
+            keeper.wait(interval)
             keep_all()
 
     keep_all()  # before the server starts its first processes: each gets every verdict
@@ -420,7 +576,7 @@ def keep_newest_valid(
     return thread
 
 
-def _keep_if_valid(files: TLSFiles, password: Password, store: Store, name: str, seen: str | None) -> str | None:
+def _keep_if_valid(files: TLSFiles, password: Password, store: SharedStore, name: str, seen: str | None) -> str | None:
     """Write the identity at ``files`` to ``store`` as ``name`` when it is new and valid; returns the
     fingerprint of the content judged (``None`` when it must be judged again: unreadable, or refused
     for its dates)."""

@@ -479,7 +479,7 @@ class Reloader:
             except InvalidIdentity as e:
                 return Examined(fingerprint=observed, leaf=known.leaf, error=e, password=password)
         try:
-            leaf = validate(snapshot, self.password)
+            leaf = self._judge(snapshot)
         except InvalidIdentity as e:
             return Examined(fingerprint=observed, error=e, password=self._password_digest())
         try:
@@ -505,6 +505,13 @@ class Reloader:
         return Examined(
             observed, snapshot, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes
         )
+
+    def _judge(self, snapshot: Snapshot) -> Leaf:
+        """The leaf of ``snapshot`` if it is a usable identity: the verdict another process of the server
+        found for exactly these bytes when the last good store has one (a spawn server's parent validates
+        for its workers), else this process's own validation."""
+        judged = self._last_good.judged(snapshot) if self._last_good is not None else None
+        return judged or validate(snapshot, self.password)
 
     def _password_digest(self) -> str:
         try:

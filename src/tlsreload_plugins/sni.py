@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Sequence
 from . import metrics
 from .drivers import gevent_offload
 from .identity import InvalidIdentity, Password, TLSFiles
-from .lastgood import DEFAULT, LastGood, RecipeFor, Store
+from .lastgood import DEFAULT, LastGood, RecipeFor, SharedStore
 from .reloader import Outcome, Reloader, Status
 
 __all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
@@ -209,7 +209,7 @@ class SNIIdentities:
         password: Password = None,
         interval: float | None = None,
         expiry_warning_days: float | None = None,
-        store: Store | None = None,
+        store: SharedStore | None = None,
         export_metrics: bool = False,
     ) -> None:
         self.directories = resolve_directories(directories)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from . import __version__, metrics, sni
 from .drivers import AsyncioDriver
 from .identity import InvalidIdentity, TLSFiles, password_text, read_files, validate
-from .lastgood import CopyStore, LastGood, keep_newest_valid, retry_until_usable, stop_signals_noted
+from .lastgood import LastGood, SharedStore, keep_newest_valid, retry_until_usable, stop_signals_noted
 from .reloader import (
     INTERVAL_ENV,
     MIN_INTERVAL,
@@ -170,16 +170,18 @@ def _drop_in_ssl_context(
     default_factory: Callable[[], ssl.SSLContext],
     *,
     interval: float | None = None,
-    last_good: CopyStore | None = None,
+    last_good: SharedStore | None = None,
     sni: Sequence[str] | None = None,
     metrics: bool | None = None,
 ) -> ssl.SSLContext:
     """The factory of ``tlsreload-uvicorn``: as :func:`reloading_ssl_context`, checking from the server's
     event loop (uvicorn calls it there, in each serving process) until the process exits, so that the
-    app needs no lifespan extension. ``last_good`` arrives pickled with the factory in each process
-    uvicorn's supervisor starts, holding what the parent last found valid: a child started while the
-    files are broken serves it (or, when it expired, waits for usable files instead of exiting with
-    :data:`STARTUP_FAILURE`, on which uvicorn's supervisor stops the whole server)."""
+    app needs no lifespan extension. ``last_good`` travels with the factory into each process uvicorn's
+    supervisor starts: the parent's :class:`~tlsreload_plugins.lastgood.SharedStore`, which the parent
+    keeps current and every child shares. A child takes the parent's verdict on new files instead of
+    parsing them itself; one started while the files are broken serves the newest valid identity kept
+    there (or, when it expired, waits for usable files instead of exiting with :data:`STARTUP_FAILURE`,
+    on which uvicorn's supervisor stops the whole server)."""
     reloader = _new_reloader(config, default_factory, interval, last_good, sni, metrics)
     _drivers[reloader] = None
     try:
@@ -197,7 +199,7 @@ def _new_reloader(
     config: uvicorn.Config,
     default_factory: Callable[[], ssl.SSLContext],
     interval: float | None,
-    last_good: CopyStore | None = None,
+    last_good: SharedStore | None = None,
     sni_directories: Sequence[str] | None = None,
     metrics_setting: bool | None = None,
 ) -> Reloader:
@@ -430,7 +432,7 @@ def _run(
         leaf = validate(snapshot, password)
     except InvalidIdentity as e:
         _startup_failure(f"cannot serve TLS: {e}")
-    store = CopyStore()
+    store = SharedStore()
     store.write(snapshot, leaf=leaf)
     workers = kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     if workers > 1 or kwargs.get("reload"):  # a supervisor that starts serving processes later

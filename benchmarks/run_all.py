@@ -2,7 +2,7 @@
 
 Each benchmark runs as its own process (so the memory figures are not those of this runner);
 progress goes to stderr, the report to stdout (and to ``--out``). A benchmark that fails is
-reported as such and the others still run. The full run takes about 12 minutes on 2 cores;
+reported as such and the others still run. The full run takes about 50 minutes on 2 cores;
 ``--quick`` is a smoke run of under 3 minutes whose figures mean nothing.
 
     python benchmarks/run_all.py > report.md
@@ -29,6 +29,7 @@ import benchkit as kit
 BENCHMARKS: dict[str, list[str]] = {
     "check_cost": [],
     "reload_memory": [],
+    "callback_cost": [],
     "handshake_throughput": [],
     "rotation_latency": [],
     "rotation_handshakes": ["--stock"],

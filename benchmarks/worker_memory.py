@@ -8,8 +8,9 @@ the script waits two check intervals so that the plugin's checker has run, and r
 ``/proc/PID/smaps_rollup`` of each worker (``start``); then the certificate is rotated (``..data``
 swapped), the script waits until every plugin worker serves the new one, and reads it again
 (``reloaded``). A worker of a spawn-based server (uvicorn, hypercorn) takes its parent's verdict on the
-files it started with and imports ``cryptography`` only to judge new content: it grows at its first
-reload, which is why both are reported.
+files, at start and at each rotation, and imports ``cryptography`` only to judge content its parent
+refused; a worker that judged new content itself would grow at its first reload, which is why both
+states are reported.
 
 * RSS: resident pages, shared ones included (what ``ps`` and most dashboards show);
 * PSS: each shared page divided among the processes sharing it (the arbiter and its workers share

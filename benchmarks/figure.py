@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 CLIENT = "python"
+PAIRED = "paired"
 COLORS = {"stock": "#9e9e9e", "plugin": "#1f77b4", "s_server": "#ffffff"}
 LABELS = {"stock": "stock", "plugin": "with the plugin", "s_server": "openssl s_server (ceiling, same rounds)"}
 
@@ -153,12 +154,18 @@ def draw(args: argparse.Namespace) -> None:
         series.append((side, values, whiskers))
     ax = axes[1]
     drawn = bars(ax, servers, series)
+    paired = {(data["benchmark"], r["server"]): r for _, data in runs for r in data["results"] if r["client"] == PAIRED}
+    owner = {r["server"]: data["benchmark"] for _, data in runs for r in data["results"]}
     for (x, top), r in zip(drawn[1], throughput, strict=True):
-        label(ax, x, top, f"{r['plugin_cpu_us'] / r['stock_cpu_us']:.2f}x")
+        text = f"{r['plugin_cpu_us'] / r['stock_cpu_us']:.2f}x"
+        same_window = paired.get((owner[r["server"]], r["server"]))
+        if same_window is not None:
+            text += f"\npaired {same_window['cpu_plugin_over_stock']:.3f}x"
+        label(ax, x, top, text)
     ax.set_ylabel("server CPU µs / handshake (median)")
     ax.set_title(
-        "Server CPU time (user + system, from /proc) per full handshake, same runs\n(label: plugin/stock; lower is "
-        "better)",
+        "Server CPU time (user + system, from /proc) per full handshake, same runs\n(label: plugin/stock; "
+        "'paired': stock and plugin measured in the same windows; lower is better)",
         fontsize=10,
     )
     ax.set_ylim(0, ax.get_ylim()[1] * 1.25)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import math
 import multiprocessing
 import re
 import shutil
@@ -80,8 +81,9 @@ def target_for(server: str, client: str) -> tuple[str, float | None]:
     return ("cpu", CPU_TARGET) if client == CPU_TARGET_CLIENT else ("report", None)
 
 
-def _python_client(port: int, start_at: float, seconds: float) -> tuple[int, int, str]:
-    """Runs in a client process: full handshakes until the window closes; (ok, failed, first error)."""
+def _python_client(port: int, start_at: float, seconds: float) -> tuple[int, int, str, float]:
+    """Runs in a client process: full handshakes until the window closes; (ok, failed, first error, the
+    process's CPU seconds over the window)."""
     global _client_ctx
     if _client_ctx is None:
         _client_ctx = kit.client_context()
@@ -91,6 +93,7 @@ def _python_client(port: int, start_at: float, seconds: float) -> tuple[int, int
     while time.monotonic() < start_at:
         time.sleep(0.001)
     end = start_at + seconds
+    cpu = time.process_time()
     while time.monotonic() < end:
         try:
             with socket.create_connection((kit.HOST, port), timeout=10) as raw, ctx.wrap_socket(raw):
@@ -99,7 +102,7 @@ def _python_client(port: int, start_at: float, seconds: float) -> tuple[int, int
         except OSError as e:
             failed += 1
             first_error = first_error or repr(e)
-    return ok, failed, first_error
+    return ok, failed, first_error, time.process_time() - cpu
 
 
 def _paired_client(ports: tuple[int, ...], first: int, start_at: float, seconds: float) -> tuple[list[int], int, str]:
@@ -192,15 +195,16 @@ def measure_s_time(port: int, seconds: float) -> tuple[int, float, int]:
 
 def measure_python(
     pool: concurrent.futures.Executor, clients: int, port: int, seconds: float
-) -> tuple[int, float, int]:
-    """``clients`` processes handshaking together for ``seconds``: (handshakes, seconds, failures)."""
+) -> tuple[int, float, int, float]:
+    """``clients`` processes handshaking together for ``seconds``: (handshakes, seconds, failures, the
+    clients' CPU seconds)."""
     start_at = time.monotonic() + 0.3  # all clients start together, after dispatch
     futures = [pool.submit(_python_client, port, start_at, seconds) for _ in range(clients)]
     results = [f.result(timeout=seconds + 60) for f in futures]
     failed = sum(r[1] for r in results)
     if failed and not sum(r[0] for r in results):
         raise RuntimeError(f"every handshake failed: {next(r[2] for r in results if r[2])}")
-    return sum(r[0] for r in results), seconds, failed
+    return sum(r[0] for r in results), seconds, failed, sum(r[3] for r in results)
 
 
 def compare_paired(
@@ -282,29 +286,33 @@ def compare(
 ) -> dict[str, Any]:
     """Measure ``sides`` (``stock``, ``plugin`` and, if given, ``s_server``) in rotating rounds."""
 
-    def once(side: str, duration: float) -> tuple[float, float, int]:
-        """(handshakes/s, server CPU us per handshake, failures)."""
+    def once(side: str, duration: float) -> tuple[float, float, int, float]:
+        """(handshakes/s, server CPU us per handshake, failures, client CPU us per handshake or NaN)."""
         port, pgid = sides[side].port, sides[side].proc.pid
         cpu_before = kit.group_cpu_seconds(pgid)
+        client_cpu = float("nan")
         if method == "s_time":
             count, elapsed, failed = measure_s_time(port, duration)
         else:
             assert pool is not None
-            count, elapsed, failed = measure_python(pool, clients, port, duration)
+            count, elapsed, failed, client_cpu = measure_python(pool, clients, port, duration)
         cpu = kit.group_cpu_seconds(pgid) - cpu_before
-        return count / elapsed, cpu / count * 1e6 if count else float("nan"), failed
+        per = (lambda seconds: seconds / count * 1e6) if count else (lambda seconds: float("nan"))
+        return count / elapsed, per(cpu), failed, per(client_cpu)
 
     names = [side for side in SIDES if side in sides]
     for side in names:  # warm-up: lazy imports, first-connection costs
         once(side, 1.0)
     rates: dict[str, list[float]] = {side: [] for side in names}
     cpu_us: dict[str, list[float]] = {side: [] for side in names}
+    client_us: dict[str, list[float]] = {side: [] for side in names}
     failures = dict.fromkeys(names, 0)
     for r in range(rounds):
         for side in round_order(names, r):
-            rate, cpu, failed = once(side, seconds)
+            rate, cpu, failed, client = once(side, seconds)
             rates[side].append(rate)
             cpu_us[side].append(cpu)
+            client_us[side].append(client)
             failures[side] += failed
         kit.log(f"  {server} {method} round {r + 1}/{rounds}: " + ", ".join(f"{s} {rates[s][-1]:.0f}/s" for s in names))
     stock, plugin = kit.median(rates["stock"]), kit.median(rates["plugin"])
@@ -325,6 +333,9 @@ def compare(
         "cpu_ratio": stock_cpu / plugin_cpu if plugin_cpu else float("nan"),
         "cpu_plugin_over_stock": plugin_cpu / stock_cpu if stock_cpu else float("nan"),
         "cpu_us": cpu_us,
+        # The python clients' own CPU per handshake: on a worker that serves one connection at a time
+        # (sync, gthread with 1 thread) it lies on each handshake's critical path, beside the server's.
+        "client_cpu_us": {side: kit.median(values) for side, values in client_us.items()},
         "failures": failures,
         "target_kind": kind,
         # "target" keeps its old meaning (a minimum plugin/stock rate), where there is one.
@@ -454,6 +465,13 @@ def _target_cell(r: dict[str, Any]) -> str:
     return "reported"
 
 
+def _client_cpu_cell(r: dict[str, Any]) -> str:
+    client = r.get("client_cpu_us", {})
+    if not all(math.isfinite(client.get(side, float("nan"))) for side in ("stock", "plugin")):
+        return "-"
+    return f"{client['stock']:.0f} / {client['plugin']:.0f}"
+
+
 def report(result: dict[str, Any]) -> str:
     s = result["settings"]
 
@@ -476,6 +494,7 @@ def report(result: dict[str, Any]) -> str:
             ceiling(r, ".2f", "stock_fraction", "plugin_fraction"),
             f"{r['stock_cpu_us']:.0f} / {r['plugin_cpu_us']:.0f} / " + ceiling(r, ".0f", "s_server_cpu_us"),
             f"**{r['cpu_ratio']:.3f}x**" if r["client"] == PAIRED else f"{r['cpu_ratio']:.2f}x",
+            _client_cpu_cell(r),
             "/".join(str(r["failures"].get(side, "-")) for side in SIDES),
             _target_cell(r),
         )
@@ -492,6 +511,7 @@ def report(result: dict[str, Any]) -> str:
         "fraction of s_server stock / plugin",
         "server CPU us/hs stock / plugin / s_server",
         "CPU ratio stock/plugin",
+        "client CPU us/hs stock / plugin",
         "failed (stock/plugin/s_server)",
         "target",
     )
@@ -509,7 +529,8 @@ def report(result: dict[str, Any]) -> str:
         f"handshakes between stock and plugin in one window ({s.get('paired windows', '-')} windows of "
         f"{s['seconds per side per round']} s after a warm-up): both sides' CPU per handshake measured under the "
         "same conditions, the CPU ratio being the median over windows of stock/plugin in the same window (its "
-        "per-window range in the per-round column). Targets: `rate` = plugin/stock handshakes/s (python client), "
+        "per-window range in the per-round column). Client CPU = the python client processes' own CPU time per "
+        "handshake. Targets: `rate` = plugin/stock handshakes/s (python client), "
         "`CPU` = plugin's server CPU per handshake relative to stock's (paired client).\n\n" + kit.table(headers, rows)
     )
 

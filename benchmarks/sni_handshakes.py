@@ -19,7 +19,7 @@ Prints the median rate per server, the ratio many/baseline, the per-round ratios
 per handshake (user+system of the server's processes during the window). Target: many/rotated >= 0.98
 (the name lookup is two dictionary reads, whatever the number of identities).
 
-    python benchmarks/sni_handshakes.py                 # uvicorn, 5 rounds x 3 s per server
+    python benchmarks/sni_handshakes.py                 # uvicorn, 10 rounds x 3 s per server
     python benchmarks/sni_handshakes.py --quick         # 2 rounds x 1 s: a smoke run
     python benchmarks/sni_handshakes.py --servers uvicorn gunicorn-gthread --identities 100
 """
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", nargs="+", default=["uvicorn"], choices=kit.ALL_SERVERS)
     parser.add_argument("--identities", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=3.0, help="per side per round")
     parser.add_argument("--clients", type=int, default=2, help="python client processes")
     return kit.run_script(parser, argv, {"rounds": 2, "seconds": 1.0}, run, report)

@@ -24,7 +24,7 @@ each round). The app answers which watched modules (``prometheus_client``, ``asy
 Target: plugin with metrics off at most 5 MiB PSS per worker over stock, at start and after a reload;
 metrics on: reported.
 
-    python benchmarks/worker_memory.py                 # every server, 3 rounds: about 4 minutes
+    python benchmarks/worker_memory.py                 # every server, 3 rounds: about 6.5 minutes
     python benchmarks/worker_memory.py --quick         # 1 round, 40 requests
 """
 

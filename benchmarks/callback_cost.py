@@ -23,7 +23,7 @@ such pairs. Reported: instructions per handshake (client and server together) an
 extra instructions, as a share of the whole handshake; the server's own share of a handshake is
 about half, so the plugin's share of the server's work is about twice that.
 
-    python benchmarks/callback_cost.py          # 3 repeats of 10 and 60 handshakes per context: about 2.5 minutes
+    python benchmarks/callback_cost.py          # 3 repeats of 10 and 60 handshakes per context: about 4 minutes
     python benchmarks/callback_cost.py --quick
 """
 

@@ -154,11 +154,10 @@ def draw(args: argparse.Namespace) -> None:
         series.append((side, values, whiskers))
     ax = axes[1]
     drawn = bars(ax, servers, series)
-    paired = {(data["benchmark"], r["server"]): r for _, data in runs for r in data["results"] if r["client"] == PAIRED}
-    owner = {r["server"]: data["benchmark"] for _, data in runs for r in data["results"]}
+    paired = {r["server"]: r for _, data in runs for r in data["results"] if r["client"] == PAIRED}
     for (x, top), r in zip(drawn[1], throughput, strict=True):
         text = f"{r['plugin_cpu_us'] / r['stock_cpu_us']:.2f}x"
-        same_window = paired.get((owner[r["server"]], r["server"]))
+        same_window = paired.get(r["server"])
         if same_window is not None:
             text += f"\npaired {same_window['cpu_plugin_over_stock']:.3f}x"
         label(ax, x, top, text)

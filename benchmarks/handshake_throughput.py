@@ -81,33 +81,10 @@ def target_for(server: str, client: str) -> tuple[str, float | None]:
     return ("cpu", CPU_TARGET) if client == CPU_TARGET_CLIENT else ("report", None)
 
 
-def _python_client(port: int, start_at: float, seconds: float) -> tuple[int, int, str, float]:
-    """Runs in a client process: full handshakes until the window closes; (ok, failed, first error, the
-    process's CPU seconds over the window)."""
-    global _client_ctx
-    if _client_ctx is None:
-        _client_ctx = kit.client_context()
-    ctx = _client_ctx
-    ok = failed = 0
-    first_error = ""
-    while time.monotonic() < start_at:
-        time.sleep(0.001)
-    end = start_at + seconds
-    cpu = time.process_time()
-    while time.monotonic() < end:
-        try:
-            with socket.create_connection((kit.HOST, port), timeout=10) as raw, ctx.wrap_socket(raw):
-                pass
-            ok += 1
-        except OSError as e:
-            failed += 1
-            first_error = first_error or repr(e)
-    return ok, failed, first_error, time.process_time() - cpu
-
-
-def _paired_client(ports: tuple[int, ...], first: int, start_at: float, seconds: float) -> tuple[list[int], int, str]:
-    """Runs in a client process: full handshakes on each of ``ports`` in turn, starting with ``ports[first]``,
-    until the window closes; (ok per port, failed, first error)."""
+def _client(ports: tuple[int, ...], first: int, start_at: float, seconds: float) -> tuple[list[int], int, str, float]:
+    """Runs in a client process: from ``start_at`` for ``seconds``, a fresh connection and full handshake on
+    each of ``ports`` in turn, starting with ``ports[first]`` (one port: the python client; stock and plugin:
+    the paired one); (ok per port, failed, first error, the process's CPU seconds over the window)."""
     global _client_ctx
     if _client_ctx is None:
         _client_ctx = kit.client_context()
@@ -118,6 +95,7 @@ def _paired_client(ports: tuple[int, ...], first: int, start_at: float, seconds:
     while time.monotonic() < start_at:
         time.sleep(0.001)
     end = start_at + seconds
+    cpu = time.process_time()
     turn = first
     while time.monotonic() < end:
         try:
@@ -128,7 +106,7 @@ def _paired_client(ports: tuple[int, ...], first: int, start_at: float, seconds:
             failed += 1
             first_error = first_error or repr(e)
         turn = (turn + 1) % len(ports)
-    return ok, failed, first_error
+    return ok, failed, first_error, time.process_time() - cpu
 
 
 def s_server_command(certfile: Path, keyfile: Path, port: int) -> list[str]:
@@ -199,12 +177,13 @@ def measure_python(
     """``clients`` processes handshaking together for ``seconds``: (handshakes, seconds, failures, the
     clients' CPU seconds)."""
     start_at = time.monotonic() + 0.3  # all clients start together, after dispatch
-    futures = [pool.submit(_python_client, port, start_at, seconds) for _ in range(clients)]
+    futures = [pool.submit(_client, (port,), 0, start_at, seconds) for _ in range(clients)]
     results = [f.result(timeout=seconds + 60) for f in futures]
+    ok = sum(r[0][0] for r in results)
     failed = sum(r[1] for r in results)
-    if failed and not sum(r[0] for r in results):
+    if failed and not ok:
         raise RuntimeError(f"every handshake failed: {next(r[2] for r in results if r[2])}")
-    return sum(r[0] for r in results), seconds, failed, sum(r[3] for r in results)
+    return ok, seconds, failed, sum(r[3] for r in results)
 
 
 def compare_paired(
@@ -226,7 +205,7 @@ def compare_paired(
         duration = 1.0 if r == 0 else seconds
         before = {side: kit.group_cpu_seconds(sides[side].proc.pid) for side in names}
         start_at = time.monotonic() + 0.3
-        futures = [pool.submit(_paired_client, ports, c % 2, start_at, duration) for c in range(clients)]
+        futures = [pool.submit(_client, ports, c % 2, start_at, duration) for c in range(clients)]
         results = [f.result(timeout=duration + 60) for f in futures]
         counts = [sum(res[0][i] for res in results) for i in range(len(names))]
         if not all(counts):

@@ -9,6 +9,6 @@ then apply over it as usual. The files are checked every ``$TLSRELOAD_INTERVAL``
 (default 1). See :mod:`tlsreload_plugins.gunicorn`.
 """
 
-from tlsreload_plugins.gunicorn import _drop_in_settings
+from tlsreload_plugins.servers.gunicorn import _drop_in_settings
 
 globals().update(_drop_in_settings())

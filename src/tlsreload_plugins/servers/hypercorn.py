@@ -1,0 +1,508 @@
+"""Reload TLS certificates inside hypercorn: a drop-in command and a ``Config`` subclass.
+
+Two ways, one mechanism:
+
+* ``tlsreload-hypercorn app:app --certfile C --keyfile K [any hypercorn option]`` (or
+  ``python -m tlsreload_plugins.hypercorn``) is hypercorn's own command plus
+  ``--tls-reload-interval``: every worker class (asyncio, uvloop, trio), ``--workers N`` and
+  ``-c`` configuration files work as they do with ``hypercorn``.
+* :class:`ReloadingConfig` is ``hypercorn.config.Config`` with a reloading
+  :meth:`~ReloadingConfig.create_ssl_context`, for code that builds its own ``Config`` and calls
+  ``hypercorn.asyncio.serve`` or ``hypercorn.trio.serve``.
+
+hypercorn calls ``create_ssl_context()`` once per worker (per ``serve()`` call), inside the
+worker's running event loop, after the app's lifespan start-up. There, :class:`ReloadingConfig`
+builds a :class:`~tlsreload_plugins.Reloader` whose recipe is hypercorn's own
+``Config.create_ssl_context`` (so ALPN h2, ciphers, verify mode, CA bundle and key password are
+set the same way on every reload), hands hypercorn ``reloader.context``, and checks the files
+from that same loop until it ends: an asyncio task, or a trio system task, each running the check
+itself in a worker thread. A lifespan extension as for uvicorn is not needed: the checks start
+with the context, and stop when the worker's loop does.
+
+The last good identity: a worker that starts while the files on disk are unusable serves the newest
+valid identity instead (one WARNING says so), and moves to the files as soon as they are usable. The
+drop-in validates the files in hypercorn's parent process and keeps the newest valid pair there
+(:func:`~tlsreload_plugins.lastgood.keep_newest_valid`, every interval and whenever a worker asks) in a
+:class:`~tlsreload_plugins.lastgood.SharedStore` on the ``Config``, which hypercorn passes to each
+worker it starts (at start-up, on SIGHUP, on ``--reload``): the parent and its workers share it, and a
+worker takes the parent's verdict on new files instead of loading ``cryptography`` to parse them. A
+worker with nothing valid to serve (the kept pair expired) waits for usable files without serving,
+rather than exit non-zero, on which hypercorn stops the whole server; it leaves with status 0 when
+hypercorn stops its workers or on SIGTERM. :class:`ReloadingConfig` used from Python keeps the pair
+:meth:`~ReloadingConfig.check_tls_files` validated (and each one it served) on the config, within the
+process.
+
+HTTP/3 is refused: hypercorn's QUIC server hands the certificate *files* to aioquic once, when it
+starts, so ``--quic-bind`` would keep serving the first certificate forever. Combined with
+reloading, it stops the server at start-up with one error.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import logging
+import multiprocessing
+import os
+import signal
+import ssl
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from hypercorn.config import Config
+
+from .. import metrics, sni
+from ..drivers import AsyncioDriver
+from ..identity import InvalidIdentity, Password, ReloadError, TLSFiles, password_text
+from ..lastgood import LastGood, SharedStore, keep_newest_valid
+from ..reloader import (
+    INTERVAL_ENV,
+    Recipe,
+    Reloader,
+    load_identity,
+    resolve_expiry_warning_days,
+    resolve_interval,
+    resolve_password,
+)
+
+__all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
+
+if TYPE_CHECKING:
+    import argparse  # the command line's: not imported in the worker processes, which import this module too
+    import asyncio  # a trio worker has no use for it (about 2 MiB)
+
+log = logging.getLogger("tlsreload_plugins.hypercorn")
+
+STARTUP_FAILURE = 1
+"""Exit status when the certificate files or settings are not usable at start-up."""
+
+# -- the reloaders of this process ---------------------------------------------------------
+# One per create_ssl_context() call: one per worker process, or per serve() call.
+_drivers: dict[Reloader, AsyncioDriver | _TrioDriver] = {}
+_starting: set[asyncio.Task[AsyncioDriver]] = set()
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders :class:`ReloadingConfig` made in this process (for health checks, metrics)."""
+    return list(_drivers)
+
+
+def _startup_failure(message: str, *args: object) -> NoReturn:
+    log.error(message, *args)
+    sys.exit(STARTUP_FAILURE)
+
+
+# -- the configuration ---------------------------------------------------------------------
+
+
+class ReloadingConfig(Config):
+    """``hypercorn.config.Config`` whose TLS context follows the certificate files on disk.
+
+    Use it wherever a ``Config`` goes: ``ReloadingConfig()``, ``ReloadingConfig.from_toml(path)``,
+    ``from_mapping``, ``from_object``. Besides hypercorn's settings it reads
+    ``tls_reload_interval`` (seconds between checks; ``None``: ``$TLSRELOAD_INTERVAL``, else 1),
+    ``tls_sni`` (directories of more identities chosen by server name; ``None``:
+    ``$TLSRELOAD_SNI``; see :mod:`tlsreload_plugins.sni`) and ``tls_metrics`` (export Prometheus
+    metrics; ``None``: ``$TLSRELOAD_METRICS``, else off; see :mod:`tlsreload_plugins.metrics`).
+
+    Example::
+
+        config = ReloadingConfig()
+        config.bind = ["0.0.0.0:8443"]
+        config.certfile, config.keyfile = "tls.crt", "tls.key"
+        config.check_tls_files()  # unusable files: one error line and exit 1, before serving
+        asyncio.run(hypercorn.asyncio.serve(app, config))  # or trio.run(hypercorn.trio.serve, app, config)
+    """
+
+    tls_reload_interval: float | None = None
+    tls_sni: list[str] | None = None
+    tls_metrics: bool | None = None
+    _tls_last_good: SharedStore | None = None  # see _last_good()
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        """hypercorn's own context, made to follow the files: called by hypercorn in each worker.
+
+        Unusable files are served from the last good identity kept on this config (see the module
+        docstring); with none valid, a worker hypercorn started waits for usable files. Otherwise,
+        unusable files or settings log one ERROR and exit with :data:`STARTUP_FAILURE` (under trio,
+        hypercorn's nurseries add a traceback: call :meth:`check_tls_files` before serving to fail
+        without one).
+        """
+        if not self.ssl_enabled:
+            return super().create_ssl_context()
+        _route_logs(self.log)
+        start_checks = _checker_for_this_loop()
+        self._refuse_quic()
+        password = resolve_password(self.keyfile_password)
+        files = self._files()
+        last_good = LastGood(self._last_good(), lambda other: self._recipe(password, other)())
+
+        def attempt() -> Reloader:
+            # The one place this module makes a Reloader.
+            return Reloader(
+                files.certfile,
+                files.keyfile,
+                recipe=self._recipe(password),
+                ca_certs=files.ca_certs,
+                password=password,
+                interval=self.tls_reload_interval,
+                last_good=last_good,
+            )
+
+        try:
+            reloader = attempt()
+        except ValueError as e:  # a bad interval or expiry setting
+            _startup_failure("cannot serve TLS: %s", e)
+        except ReloadError as e:
+            stopping = _hypercorn_shutdown_event()
+            if stopping is None or last_good.store.read() is None:  # not a worker, or nothing was ever valid
+                _startup_failure("cannot serve TLS: %s", e)
+            reloader = _wait_for_usable_files(attempt, e, stopping, resolve_interval(self.tls_reload_interval))
+        try:
+            if metrics.wanted(self.tls_metrics):
+                metrics.observe(reloader)
+        except ValueError as e:  # a bad $TLSRELOAD_METRICS
+            _startup_failure("cannot serve TLS: %s", e)
+        try:
+            sni.attach_from_settings(reloader, self.tls_sni, lambda other: self._recipe(password, other)())
+        except ValueError as e:  # a directory that does not exist
+            _startup_failure("cannot serve TLS: %s", e)
+        start_checks(reloader)
+        return reloader.context
+
+    def check_tls_files(self) -> None:
+        """Decide now, as the first reload would, whether the TLS files and settings are usable.
+
+        Logs one ERROR line (through hypercorn's error log) and exits with :data:`STARTUP_FAILURE`
+        when they are not; warns when no certificate is configured. The drop-in command calls it
+        once before starting workers.
+        """
+        _route_logs(self.logger_class(self))  # not self.log: that would be pickled to the workers
+        if not self.ssl_enabled:
+            log.warning("no --certfile and --keyfile given: serving without TLS, nothing to reload")
+            return
+        self._refuse_quic()
+        password = resolve_password(self.keyfile_password)
+        try:
+            resolve_interval(self.tls_reload_interval)
+            resolve_expiry_warning_days()
+            metrics.wanted(self.tls_metrics)
+            sni.resolve_directories(self.tls_sni)
+            snapshot, leaf, _ = load_identity(self._files(), self._recipe(password), password)
+        except (ReloadError, ValueError) as e:
+            _startup_failure("cannot serve TLS: %s", e)
+        self._last_good().write(snapshot, leaf=leaf)
+
+    def _files(self) -> TLSFiles:
+        return TLSFiles(str(self.certfile), str(self.keyfile), str(self.ca_certs) if self.ca_certs else None)
+
+    def _last_good(self) -> SharedStore:
+        """The last good identity, kept on this config: shared with each worker hypercorn starts."""
+        if self._tls_last_good is None:
+            self._tls_last_good = SharedStore()
+        return self._tls_last_good
+
+    def _recipe(self, password: Password, files: TLSFiles | None = None) -> Recipe:
+        """hypercorn's own ``Config.create_ssl_context``, on this config's files or on ``files``; with the
+        password of ``$TLSRELOAD_KEY_PASSWORD_FILE`` (read again on each call) when ``keyfile_password`` is unset."""
+
+        def hypercorn_context() -> ssl.SSLContext:
+            config = self
+            if files is not None or (self.keyfile_password is None and password is not None):
+                config = copy.copy(self)
+            if files is not None:
+                config.certfile, config.keyfile, config.ca_certs = files.certfile, files.keyfile, files.ca_certs
+            if self.keyfile_password is None and password is not None:
+                config.keyfile_password = password_text(password)
+            context = Config.create_ssl_context(config)
+            if context is None:  # ssl_enabled was checked before: the files were unset since
+                raise InvalidIdentity("hypercorn built no SSL context: certfile or keyfile is no longer set")
+            return context
+
+        return hypercorn_context
+
+    def _refuse_quic(self) -> None:
+        if self.quic_bind:
+            _startup_failure(
+                "HTTP/3 (--quic-bind %s) cannot follow certificate reloads: hypercorn gives aioquic the "
+                "certificate files once, at start-up. Serve HTTP/3 with stock hypercorn (restart it to "
+                "rotate), or drop --quic-bind",
+                " ".join(self.quic_bind),
+            )
+
+
+# -- a worker with nothing valid to serve --------------------------------------------------
+
+_POLL = 0.1
+"""Seconds between looks at hypercorn's shutdown event while waiting (hypercorn's workers poll it as often)."""
+
+
+def _hypercorn_shutdown_event() -> Any | None:
+    """The event hypercorn's parent sets to stop its workers (SIGHUP, ``--reload``, shutdown), or ``None``
+    outside a worker it started. hypercorn hands it only to the worker function, as the keyword argument
+    ``shutdown_event`` of the process (``asyncio_worker(config, sockets, shutdown_event)``), which the
+    process object keeps."""
+    kwargs = getattr(multiprocessing.current_process(), "_kwargs", None)
+    event = kwargs.get("shutdown_event") if isinstance(kwargs, dict) else None
+    return event if callable(getattr(event, "is_set", None)) else None
+
+
+def _wait_for_usable_files(
+    attempt: Callable[[], Reloader], error: ReloadError, stopping: Any, every: float
+) -> Reloader:
+    """Try ``attempt`` every ``every`` seconds without serving (a sibling takes the connections), rather than
+    exit non-zero, on which hypercorn's parent stops the whole server. Leaves with status 0 when hypercorn
+    stops its workers (``stopping`` is set) or on SIGTERM."""
+    pid = os.getpid()
+    log.error("worker %s cannot load the TLS files and waits for usable ones before serving: %s", pid, error)
+    terminated = False
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # Only a flag: a lock taken here (threading.Event.set) could be the one the interrupted code holds.
+        nonlocal terminated
+        terminated = True
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    next_try = time.monotonic() + every
+    while True:
+        time.sleep(_POLL)
+        if terminated or stopping.is_set():
+            break
+        if time.monotonic() < next_try:
+            continue
+        next_try = time.monotonic() + every
+        try:
+            reloader = attempt()
+        except ReloadError:
+            continue
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        log.info("worker %s: the TLS files are usable again; serving", pid)
+        return reloader
+    # on_sigterm stays: as it stops, hypercorn's parent sends SIGTERM to the workers still running.
+    log.info("worker %s stops without having served", pid)
+    # Not sys.exit(): under trio, hypercorn's nurseries turn SystemExit into an exception group, status 1.
+    # The app's lifespan shutdown does not run (its start-up did: hypercorn builds the context after it).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# -- checking from the worker's loop -------------------------------------------------------
+
+
+def _checker_for_this_loop() -> Callable[[Reloader], None]:
+    """How to check a reloader from the event loop running this call, asyncio's or trio's."""
+    asyncio = sys.modules.get("asyncio")  # a running asyncio loop has it imported
+    if asyncio is not None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            return functools.partial(_start_asyncio, loop)
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            pass
+        else:
+            return _start_trio
+    # hypercorn has always built the context inside its worker's loop; if a new version does
+    # not, nothing would ever check the files: refuse rather than serve a frozen certificate.
+    hypercorn_version = _hypercorn_version()
+    _startup_failure(
+        "create_ssl_context() was called outside a running asyncio or trio loop (hypercorn %s), so "
+        "nothing could check the certificate files; tlsreload does not support this hypercorn",
+        hypercorn_version,
+    )
+
+
+def _start_asyncio(loop: asyncio.AbstractEventLoop, reloader: Reloader) -> None:
+    driver = AsyncioDriver(reloader)
+    _drivers[reloader] = driver
+    # start() never suspends; the task it creates is cancelled when the loop shuts down.
+    task = loop.create_task(driver.start())
+    _starting.add(task)
+    task.add_done_callback(_starting.discard)
+
+
+def _start_trio(reloader: Reloader) -> None:
+    import trio
+
+    driver = _TrioDriver(reloader)
+    _drivers[reloader] = driver
+    # A system task: create_ssl_context() has no nursery to hand. trio cancels it when the main
+    # task (trio.run's, hypercorn's worker) returns, and waits for it.
+    trio.lowlevel.spawn_system_task(driver.run, name="tlsreload")
+
+
+class _TrioDriver:
+    """Checks ``reloader`` every ``reloader.interval`` seconds from a trio task, in a worker thread.
+
+    Cancelled while a check runs, it waits for that check to end (``to_thread.run_sync`` does not
+    abandon its thread), so no check outlives the loop.
+    """
+
+    def __init__(self, reloader: Reloader) -> None:
+        self.reloader = reloader
+        self._errors_logged: set[str] = set()
+
+    async def run(self) -> None:
+        import trio
+
+        log.info("%s", self.reloader.describe())
+        while True:
+            await trio.sleep(self.reloader.interval)
+            await trio.to_thread.run_sync(self._check)
+
+    def _check(self) -> None:
+        # A bug must not end the task (in a system task it would crash trio): log each distinct error
+        # once and keep checking, as the asyncio driver does.
+        try:
+            self.reloader.check()
+        except Exception as e:
+            if repr(e) not in self._errors_logged:
+                self._errors_logged.add(repr(e))
+                log.exception("unexpected error while checking %s; will keep checking", self.reloader.files.describe())
+
+
+# -- logs ----------------------------------------------------------------------------------
+
+
+class _ToHypercorn(logging.Handler):
+    def __init__(self, error_log: logging.Logger) -> None:
+        super().__init__()
+        self.error_log = error_log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # hypercorn's format shows no logger name: say whose line it is.
+        record = copy.copy(record)
+        record.msg = f"tlsreload: {record.msg}"
+        self.error_log.handle(record)
+
+
+def _route_logs(hypercorn_logger: Any) -> None:
+    """Show tlsreload's lines in hypercorn's error log: its handlers, its format, its --log-level.
+
+    Left alone when the application configured logging itself (a handler on the root logger or on
+    ``tlsreload_plugins``), or when hypercorn's error log is off: the lines then go where logging says.
+    """
+    error_log = getattr(hypercorn_logger, "error_logger", None)
+    ours = logging.getLogger("tlsreload_plugins")
+    if not isinstance(error_log, logging.Logger) or ours.handlers or logging.getLogger().handlers:
+        return
+    ours.addHandler(_ToHypercorn(error_log))
+    ours.setLevel(error_log.getEffectiveLevel())
+    ours.propagate = False
+
+
+# -- the drop-in command -------------------------------------------------------------------
+
+
+def _serve(
+    config: Config, *, interval: float | None, sni_directories: list[str] | None = None, metrics: bool | None = None
+) -> int:
+    """What hypercorn's command runs, given the Config it built: the same, reloading."""
+    reloading = ReloadingConfig()
+    vars(reloading).update(vars(config))  # every setting, from the command line and -c alike
+    if interval is not None:
+        reloading.tls_reload_interval = interval
+    if sni_directories:
+        reloading.tls_sni = sni_directories
+    if metrics:
+        reloading.tls_metrics = True
+    reloading.check_tls_files()
+    if reloading.ssl_enabled and reloading.workers > 0:
+        # hypercorn starts workers later too (SIGHUP, --reload): each gets the newest valid pair seen here.
+        password = resolve_password(reloading.keyfile_password)
+        every = resolve_interval(reloading.tls_reload_interval)
+        identities = sni.every_identity(reloading._files(), reloading.tls_sni)
+        keep_newest_valid(identities, password, reloading._last_good(), every)
+    import hypercorn.run
+
+    return hypercorn.run.run(reloading)
+
+
+def _hypercorn_version() -> str:
+    import importlib.metadata  # only for an error message: it costs a worker about 2 MiB (email, csv, zipfile)
+
+    return importlib.metadata.version("hypercorn")
+
+
+def _parser() -> argparse.ArgumentParser:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tlsreload-hypercorn", add_help=False, allow_abbrev=False)
+    group = parser.add_argument_group("tlsreload options")
+    group.add_argument(
+        "--tls-reload-interval",
+        type=float,
+        metavar="SECONDS",
+        help=f"Seconds between checks of the TLS certificate files. Defaults to ${INTERVAL_ENV}, else 1.",
+    )
+    group.add_argument(
+        "--tls-sni",
+        action="append",
+        metavar="DIR",
+        help="A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
+        f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
+    )
+    group.add_argument(
+        "--tls-metrics",
+        action="store_true",
+        default=None,
+        help=f"Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
+        f"Defaults to ${metrics.METRICS_ENV}.",
+    )
+    return parser
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    """``tlsreload-hypercorn``: hypercorn's command line, reloading certificates."""
+    parser = _parser()
+    options, rest = parser.parse_known_args(sys.argv[1:] if args is None else list(args))
+    import hypercorn.run  # the command line's: a worker process imports this module without it
+
+    cli: Any = importlib.import_module("hypercorn.__main__")
+    if {"-h", "--help"} & set(rest):
+        try:
+            cli.main(rest)
+        finally:
+            parser.print_help()
+    try:
+        interval = options.tls_reload_interval
+        resolve_interval(interval)
+        resolve_expiry_warning_days()
+    except ValueError as e:
+        parser.error(f"argument --tls-reload-interval: {e}" if interval is not None else str(e))
+    # hypercorn's command parses its options into a Config and hands it to the module global
+    # `run`: run that very command with ours in its place, so every option keeps its meaning.
+    if cli.run is not hypercorn.run.run or "run" not in cli.main.__code__.co_names:
+        default = Config()
+        _route_logs(default.logger_class(default))
+        _startup_failure(
+            "tlsreload-hypercorn does not know how this hypercorn (%s) starts its server: "
+            "hypercorn.__main__.main no longer hands its Config to hypercorn.run.run",
+            _hypercorn_version(),
+        )
+    cli.run = functools.partial(_serve, interval=interval, sni_directories=options.tls_sni, metrics=options.tls_metrics)
+    if args is None:
+        sys.argv[1:] = rest  # hypercorn's main reads sys.argv when given no arguments
+    try:
+        code = cli.main(rest)
+    finally:
+        cli.run = hypercorn.run.run
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    # Run the importable module, not this __main__ copy: the workers unpickle the Config by the
+    # name tlsreload_plugins.hypercorn.ReloadingConfig.
+    from tlsreload_plugins.hypercorn import main as _main
+
+    _main()

@@ -15,8 +15,6 @@ that moment).
 
 from __future__ import annotations
 
-import enum
-import hashlib
 import logging
 import os
 import ssl
@@ -24,10 +22,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, TypeVar
 
+# `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.reloader import X` works.
+from .examine import FIXED_SETTINGS as FIXED_SETTINGS
+from .examine import Examined as Examined
+from .examine import Recipe as Recipe
+from .examine import build_context as build_context
+from .examine import examine_files, first_identity
+from .examine import fixed_setting_changes as fixed_setting_changes
+from .examine import load_identity as load_identity
 from .identity import (
     InvalidIdentity,
     Leaf,
@@ -37,215 +41,32 @@ from .identity import (
     Snapshot,
     TLSFiles,
     fingerprint,
-    judge_period,
-    password_bytes,
-    password_file,
-    read_files,
     validate,
 )
 from .lastgood import LastGood
+from .outcome import Outcome as Outcome
+from .outcome import Settling as Settling
+from .outcome import Status as Status
+from .outcome import warn_expiry
+from .settings import DEFAULT_EXPIRY_WARNING_DAYS as DEFAULT_EXPIRY_WARNING_DAYS
+from .settings import DEFAULT_INTERVAL as DEFAULT_INTERVAL
+from .settings import EXPIRY_WARNING_ENV as EXPIRY_WARNING_ENV
+from .settings import INTERVAL_ENV as INTERVAL_ENV
+from .settings import MIN_INTERVAL as MIN_INTERVAL
+from .settings import PASSWORD_FILE_ENV as PASSWORD_FILE_ENV
+from .settings import _number as _number
+from .settings import resolve_expiry_warning_days as resolve_expiry_warning_days
+from .settings import resolve_interval as resolve_interval
+from .settings import resolve_password as resolve_password
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
-DEFAULT_INTERVAL = 1.0
-"""Seconds between checks. An unchanged check reads two small files and hashes them (about 12
-microseconds, see docs/benchmarks.md), so checking every second costs nothing measurable and
-a rotation is served within about a second."""
-
-DEFAULT_EXPIRY_WARNING_DAYS = 14.0
-"""Warn when the served certificate expires within this many days. cert-manager renews at
-two thirds of the lifetime and certbot 30 days ahead: a certificate this close to expiry
-means renewal is not reaching the server."""
-
-MIN_INTERVAL = 0.1
-"""The shortest check interval accepted: below it a worker would spend its time reading files."""
-
-INTERVAL_ENV = "TLSRELOAD_INTERVAL"
-EXPIRY_WARNING_ENV = "TLSRELOAD_EXPIRY_WARNING_DAYS"
-PASSWORD_FILE_ENV = "TLSRELOAD_KEY_PASSWORD_FILE"
-
-Recipe = Callable[[], ssl.SSLContext]
 SNICallback = Callable[[ssl.SSLObject, str, ssl.SSLContext], "int | None"]
 Route = Callable[["str | None"], "ssl.SSLContext | None"]
 """Picks the context for a handshake's server name (``None``: this reloader's own); see :meth:`Reloader.set_route`."""
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], T]
 """Runs a blocking function elsewhere and returns its result (gevent: ``hub.threadpool.apply``)."""
-
-
-def _number(value: str | float, name: str, unit: str, *, minimum: float = 0.0) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of {unit}, got {value!r}") from None
-    if not number >= minimum or number == float("inf"):  # NaN fails the comparison
-        raise ValueError(f"{name} must be a number of {unit} >= {minimum:g}, got {value!r}")
-    return number
-
-
-def resolve_interval(interval: float | None = None) -> float:
-    """The check interval: ``interval`` if given, else ``$TLSRELOAD_INTERVAL``, else 1 second.
-
-    Raises:
-        ValueError: the interval is not a number of seconds >= :data:`MIN_INTERVAL`.
-    """
-    if interval is not None:
-        return _number(interval, "interval", "seconds", minimum=MIN_INTERVAL)
-    env = os.environ.get(INTERVAL_ENV)
-    if env:
-        return _number(env, INTERVAL_ENV, "seconds", minimum=MIN_INTERVAL)
-    return DEFAULT_INTERVAL
-
-
-def resolve_password(password: Password = None) -> Password:
-    """The key password: ``password`` if given, else the first line of ``$TLSRELOAD_KEY_PASSWORD_FILE``
-    (read again on every reload, as nginx's ``ssl_password_file``), else ``None``."""
-    if password is not None:
-        return password
-    path = os.environ.get(PASSWORD_FILE_ENV)
-    return password_file(path) if path else None
-
-
-def resolve_expiry_warning_days(days: float | None = None) -> float:
-    """Days before expiry to warn: ``days`` if given, else ``$TLSRELOAD_EXPIRY_WARNING_DAYS``, else 14."""
-    if days is not None:
-        return _number(days, "expiry_warning_days", "days")
-    env = os.environ.get(EXPIRY_WARNING_ENV)
-    if env:
-        return _number(env, EXPIRY_WARNING_ENV, "days")
-    return DEFAULT_EXPIRY_WARNING_DAYS
-
-
-class Outcome(enum.Enum):
-    """What one :meth:`Reloader.check` did."""
-
-    UNCHANGED = "unchanged"
-    """The files hold what is being served."""
-    RELOADED = "reloaded"
-    """New valid content: new handshakes now get it."""
-    PENDING = "pending"
-    """New content that is not usable yet (seen once, or changing while read): tried again next check."""
-    FAILED = "failed"
-    """Content unusable on two checks in a row (or the server cannot be moved onto it): reported, the
-    last good identity keeps serving."""
-
-
-@dataclass(frozen=True)
-class Status:
-    """A consistent snapshot of a reloader's state, for health checks and metrics."""
-
-    files: TLSFiles
-    """The files watched."""
-    interval: float
-    """Seconds between checks."""
-    leaf: Leaf
-    """The certificate new handshakes get."""
-    last_success: float
-    """``time.time()`` of the last check that found a usable identity on disk."""
-    last_reload: float | None
-    """``time.time()`` of the last reload, or ``None`` before the first."""
-    last_error: str | None
-    """Why the files on disk are not being served, or ``None`` when they are."""
-    checks: int
-    """Checks made."""
-    reloads: int
-    """New certificates put in service."""
-    failures: int
-    """Failures reported (one per distinct problem, not one per check)."""
-
-
-def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLContext:
-    """Call the server's recipe (which reads ``files``, named in errors when given).
-
-    Raises:
-        InvalidIdentity: the recipe raised anything (OpenSSL refusing the files, a bug in a user's
-            hook): the reason is in the message.
-        TypeError: the recipe returned something that is not an :class:`ssl.SSLContext`.
-    """
-    try:
-        context = recipe()
-    except Exception as e:
-        detail = str(e) if isinstance(e, (ssl.SSLError, OSError)) else f"{type(e).__name__}: {e}"
-        source = f" {files.describe()}" if files is not None else ""
-        raise InvalidIdentity(f"the SSL context could not be built from the files{source}: {detail}") from e
-    if not isinstance(context, ssl.SSLContext):
-        raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
-    return context
-
-
-def load_identity(
-    files: TLSFiles,
-    recipe: Recipe,
-    password: Password = None,
-    judged: Callable[[Snapshot], Leaf | None] = lambda snapshot: None,
-) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
-    """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
-    before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
-    decide exactly as the reloader does. ``judged(snapshot)`` may give the leaf an earlier
-    validation of exactly those bytes found (:meth:`LastGood.judged <tlsreload_plugins.lastgood.LastGood.judged>`),
-    which is then not parsed again. Raises :class:`InvalidIdentity` with the reason."""
-    snapshot = read_files(files)
-    leaf = judged(snapshot) or validate(snapshot, password)
-    return snapshot, leaf, build_context(recipe, files)
-
-
-FIXED_SETTINGS = ("minimum_version", "maximum_version", "verify_mode", "options")
-"""Settings of the live context that a connection keeps when it is moved onto a rebuilt context
-(OpenSSL's ``SSL_set_SSL_CTX`` moves the certificate, key, CA store, ALPN and ciphers only)."""
-
-
-def fixed_setting_changes(live: ssl.SSLContext, rebuilt: ssl.SSLContext) -> list[str]:
-    """The :data:`FIXED_SETTINGS` in which ``rebuilt`` differs from ``live``, described for a log line."""
-    changes = []
-    for name in FIXED_SETTINGS:
-        before, after = getattr(live, name), getattr(rebuilt, name)
-        if before != after:
-            changes.append(f"{name} {getattr(after, 'name', after)} (serving {getattr(before, 'name', before)})")
-    return changes
-
-
-@dataclass(frozen=True)
-class Examined:
-    """What one look at the files found, before anything is decided (see :meth:`Reloader.check`)."""
-
-    fingerprint: str | None
-    """Digest of the content read, ``None`` when it could not be read."""
-    snapshot: Snapshot | None = None
-    unchanged: bool = False
-    leaf: Leaf | None = None
-    context: ssl.SSLContext | None = None
-    error: ReloadError | None = None
-    changed_while_building: bool = False
-    fixed_changes: tuple[str, ...] = ()
-    password: str = ""
-    """Digest of the key password the content was judged with: a new password is a new verdict."""
-
-
-class Settling:
-    """When a bad content is reported: once per distinct problem, and (when settling) only after the
-    same problem was seen on two checks in a row, so a rotation caught half-written is no failure."""
-
-    def __init__(self) -> None:
-        self.pending: str | None = None
-        self.reported: str | None = None
-
-    def bad(self, key: str, settle: bool) -> Outcome | None:
-        """The outcome of a check that found problem ``key``; ``None`` when it must be reported now."""
-        if key == self.reported:
-            return Outcome.FAILED
-        if settle and key != self.pending:
-            self.pending = key
-            return Outcome.PENDING
-        self.pending = None
-        self.reported = key
-        return None
-
-    def good(self) -> bool:
-        """A check found usable files; ``True`` when that ends a reported problem."""
-        was_reported = self.reported is not None
-        self.pending = self.reported = None
-        return was_reported
-
 
 _reloaders: weakref.WeakSet[Reloader] = weakref.WeakSet()
 
@@ -322,20 +143,7 @@ class Reloader:
         self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
 
         self._last_good = last_good
-        start_error: InvalidIdentity | None = None
-        try:
-            judged = last_good.judged if last_good is not None else (lambda snapshot: None)
-            snapshot, leaf, live = load_identity(self.files, recipe, self.password, judged)
-        except InvalidIdentity as e:
-            if last_good is None:
-                raise
-            start_error = e
-            try:
-                snapshot, leaf, live = last_good.recall(self.files, self.password, clock())
-            except InvalidIdentity as why_not:
-                raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
-        if last_good is not None:
-            last_good.remember(snapshot, leaf)
+        snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)
         self.context: ssl.SSLContext = live
         """The context to hand to the server, once, for its whole life."""
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
@@ -453,58 +261,25 @@ class Reloader:
         Takes no lock the server's threads wait on and changes no state. Never raises.
         """
         try:
-            return self._examine(now)
+            return examine_files(
+                self.files,
+                self.recipe,
+                self.password,
+                now,
+                served=self._fingerprint,
+                known_bad=self._known_bad,
+                judge=self._judge,
+                live=self.context,
+                in_use=self._in_use,
+            )
         except Exception as e:  # a bug or an error nobody foresaw: a reported failure, not a dead ticker
             log.debug("unexpected error while checking %s", self.files.describe(), exc_info=True)
             error = NotServable(f"unexpected error while checking {self.files.describe()}: {type(e).__name__}: {e}")
             return Examined(fingerprint=None, error=error)
 
-    def _examine(self, now: float) -> Examined:
-        try:
-            snapshot = read_files(self.files)
-        except InvalidIdentity as e:
-            return Examined(fingerprint=None, error=e)
-        observed = fingerprint(snapshot)
-        if observed == self._fingerprint:
-            return Examined(fingerprint=observed, unchanged=True)
-        when = datetime.fromtimestamp(now, timezone.utc)
-        known = self._known_bad
-        password = self._password_digest() if known is not None and known.fingerprint == observed else ""
-        if known is not None and known.fingerprint == observed and known.password == password:
-            # Known bad content is not parsed again; only a verdict on its dates can change with time.
-            if known.leaf is None:
-                return known
-            try:
-                judge_period(known.leaf, self.files, when)
-            except InvalidIdentity as e:
-                return Examined(fingerprint=observed, leaf=known.leaf, error=e, password=password)
-        try:
-            leaf = self._judge(snapshot)
-        except InvalidIdentity as e:
-            return Examined(fingerprint=observed, error=e, password=self._password_digest())
-        try:
-            judge_period(leaf, self.files, when)
-        except InvalidIdentity as e:
-            return Examined(fingerprint=observed, leaf=leaf, error=e, password=self._password_digest())
-        try:
-            context = build_context(self.recipe, self.files)
-        except InvalidIdentity as e:
-            # Not remembered as bad content: the recipe reads the files again, maybe mid-rotation.
-            if fingerprint(read_files(self.files)) != observed:
-                return Examined(fingerprint=observed, changed_while_building=True)
-            return Examined(fingerprint=None, error=e)
-        if context is self.context or context is self._serving[0] or context.sni_callback == self._on_client_hello:
-            error = NotServable(
-                f"the SSL context recipe for {self.files.certfile} returned a context already in use (does an "
-                "ssl_context hook cache its context?): it must build a new one on every call"
-            )
-            return Examined(fingerprint=observed, error=error)
-        # The recipe may have read other bytes than those validated: then try again next check.
-        changed = fingerprint(read_files(self.files)) != observed
-        changes = tuple(fixed_setting_changes(self.context, context))
-        return Examined(
-            observed, snapshot, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes
-        )
+    def _in_use(self, context: ssl.SSLContext) -> bool:
+        """Whether ``context``, returned by the recipe, is one this reloader already serves."""
+        return context is self.context or context is self._serving[0] or context.sni_callback == self._on_client_hello
 
     def _judge(self, snapshot: Snapshot) -> Leaf:
         """The leaf of ``snapshot`` if it is a usable identity: the verdict another process of the server
@@ -512,13 +287,6 @@ class Reloader:
         for its workers), else this process's own validation."""
         judged = self._last_good.judged(snapshot) if self._last_good is not None else None
         return judged or validate(snapshot, self.password)
-
-    def _password_digest(self) -> str:
-        try:
-            secret = password_bytes(self.password)
-        except Exception as e:  # an unreadable password file: that is the verdict's input too
-            return f"unreadable: {e}"
-        return hashlib.sha256(secret or b"").hexdigest()
 
     def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
         """The deciding half of :meth:`check`: no I/O, called with the state lock held."""
@@ -600,25 +368,9 @@ class Reloader:
         return Outcome.FAILED
 
     def _warn_expiry(self, now: float) -> None:
-        seconds_left = self._leaf.not_after.timestamp() - now
-        if seconds_left > self.expiry_warning_days * 86400:
-            return
-        if self._last_expiry_warning is not None and now - self._last_expiry_warning < 86400:
-            return
-        self._last_expiry_warning = now
-        if seconds_left <= 0:
-            log.warning(
-                "the served certificate EXPIRED at %s and no newer valid one is on disk: %s",
-                self._leaf.not_after.isoformat(),
-                self._leaf.describe(),
-            )
-        else:
-            log.warning(
-                "the served certificate expires in %.1f days (%s) and no newer one is on disk yet: %s",
-                seconds_left / 86400,
-                self._leaf.not_after.isoformat(),
-                self._leaf.describe(),
-            )
+        self._last_expiry_warning = warn_expiry(
+            log, self._leaf, now, self.expiry_warning_days, self._last_expiry_warning
+        )
 
     def _call(self, callbacks: list[Callable[..., object]], *args: Any) -> None:
         for callback in callbacks:

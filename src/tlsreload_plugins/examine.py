@@ -1,0 +1,215 @@
+"""The blocking half of a check: read the files, and when their content is new, validate it and build
+a context from it, deciding nothing.
+
+:func:`examine_files` is what :meth:`Reloader.examine <tlsreload_plugins.reloader.Reloader.examine>`
+runs, in a thread of its own or a gevent threadpool, and :class:`Examined` what it hands back for the
+reloader to decide on under its lock. :func:`build_context` and :func:`load_identity` are the steps
+a reloader takes before it serves anything, usable on their own; :func:`first_identity` is what it
+serves first. (The names that were first defined in :mod:`tlsreload_plugins.reloader` are still
+importable from there.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from .identity import (
+    InvalidIdentity,
+    Leaf,
+    NotServable,
+    Password,
+    ReloadError,
+    Snapshot,
+    TLSFiles,
+    fingerprint,
+    judge_period,
+    password_bytes,
+    read_files,
+    validate,
+)
+
+if TYPE_CHECKING:
+    from .lastgood import LastGood
+
+Recipe = Callable[[], ssl.SSLContext]
+
+
+def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLContext:
+    """Call the server's recipe (which reads ``files``, named in errors when given).
+
+    Raises:
+        InvalidIdentity: the recipe raised anything (OpenSSL refusing the files, a bug in a user's
+            hook): the reason is in the message.
+        TypeError: the recipe returned something that is not an :class:`ssl.SSLContext`.
+    """
+    try:
+        context = recipe()
+    except Exception as e:
+        detail = str(e) if isinstance(e, (ssl.SSLError, OSError)) else f"{type(e).__name__}: {e}"
+        source = f" {files.describe()}" if files is not None else ""
+        raise InvalidIdentity(f"the SSL context could not be built from the files{source}: {detail}") from e
+    if not isinstance(context, ssl.SSLContext):
+        raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
+    return context
+
+
+def load_identity(
+    files: TLSFiles,
+    recipe: Recipe,
+    password: Password = None,
+    judged: Callable[[Snapshot], Leaf | None] = lambda snapshot: None,
+) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
+    """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
+    before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
+    decide exactly as the reloader does. ``judged(snapshot)`` may give the leaf an earlier
+    validation of exactly those bytes found (:meth:`LastGood.judged <tlsreload_plugins.lastgood.LastGood.judged>`),
+    which is then not parsed again. Raises :class:`InvalidIdentity` with the reason."""
+    snapshot = read_files(files)
+    leaf = judged(snapshot) or validate(snapshot, password)
+    return snapshot, leaf, build_context(recipe, files)
+
+
+def first_identity(
+    files: TLSFiles, recipe: Recipe, password: Password, last_good: LastGood | None, clock: Callable[[], float]
+) -> tuple[Snapshot, Leaf, ssl.SSLContext, InvalidIdentity | None]:
+    """What a reloader serves first: the identity in ``files`` (:func:`load_identity`) or, when they
+    cannot be used and ``last_good`` keeps one, the last good identity, judged at ``clock()``
+    (:meth:`LastGood.recall <tlsreload_plugins.lastgood.LastGood.recall>`). What is served is kept
+    in ``last_good`` again. Returns it with why the files could not be used (``None``: they could).
+
+    Raises:
+        InvalidIdentity: the files cannot be used and no last good identity is kept, or the one kept
+            cannot be used either (the message then says why for both).
+    """
+    start_error: InvalidIdentity | None = None
+    try:
+        judged = last_good.judged if last_good is not None else (lambda snapshot: None)
+        snapshot, leaf, live = load_identity(files, recipe, password, judged)
+    except InvalidIdentity as e:
+        if last_good is None:
+            raise
+        start_error = e
+        try:
+            snapshot, leaf, live = last_good.recall(files, password, clock())
+        except InvalidIdentity as why_not:
+            raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
+    if last_good is not None:
+        last_good.remember(snapshot, leaf)
+    return snapshot, leaf, live, start_error
+
+
+FIXED_SETTINGS = ("minimum_version", "maximum_version", "verify_mode", "options")
+"""Settings of the live context that a connection keeps when it is moved onto a rebuilt context
+(OpenSSL's ``SSL_set_SSL_CTX`` moves the certificate, key, CA store, ALPN and ciphers only)."""
+
+
+def fixed_setting_changes(live: ssl.SSLContext, rebuilt: ssl.SSLContext) -> list[str]:
+    """The :data:`FIXED_SETTINGS` in which ``rebuilt`` differs from ``live``, described for a log line."""
+    changes = []
+    for name in FIXED_SETTINGS:
+        before, after = getattr(live, name), getattr(rebuilt, name)
+        if before != after:
+            changes.append(f"{name} {getattr(after, 'name', after)} (serving {getattr(before, 'name', before)})")
+    return changes
+
+
+@dataclass(frozen=True)
+class Examined:
+    """What one look at the files found, before anything is decided (see :meth:`Reloader.check`)."""
+
+    fingerprint: str | None
+    """Digest of the content read, ``None`` when it could not be read."""
+    snapshot: Snapshot | None = None
+    unchanged: bool = False
+    leaf: Leaf | None = None
+    context: ssl.SSLContext | None = None
+    error: ReloadError | None = None
+    changed_while_building: bool = False
+    fixed_changes: tuple[str, ...] = ()
+    password: str = ""
+    """Digest of the key password the content was judged with: a new password is a new verdict."""
+
+
+def password_digest(password: Password) -> str:
+    """A digest of the key password ``password`` gives now (a password file is read), for :attr:`Examined.password`."""
+    try:
+        secret = password_bytes(password)
+    except Exception as e:  # an unreadable password file: that is the verdict's input too
+        return f"unreadable: {e}"
+    return hashlib.sha256(secret or b"").hexdigest()
+
+
+def examine_files(
+    files: TLSFiles,
+    recipe: Recipe,
+    password: Password,
+    now: float,
+    *,
+    served: str,
+    known_bad: Examined | None,
+    judge: Callable[[Snapshot], Leaf],
+    live: ssl.SSLContext,
+    in_use: Callable[[ssl.SSLContext], bool],
+) -> Examined:
+    """Read ``files`` once and, when their content is not the content ``served`` (its fingerprint),
+    judge it with ``judge`` at ``now`` and build a context with ``recipe``. Blocking; changes no state.
+
+    ``known_bad`` is the last content found unusable: when the files still hold it (with the same
+    ``password``), it is not parsed again, and only its dates are judged anew. ``live`` is the
+    server's context (a rebuilt one is compared with it, :func:`fixed_setting_changes`), and
+    ``in_use(context)`` tells whether a context the recipe returned is one the server already uses.
+
+    Unusable files never raise: they are an :attr:`Examined.error`. What nobody foresaw (a bug, an
+    error other than :class:`InvalidIdentity` from ``judge``) escapes, and :meth:`Reloader.examine
+    <tlsreload_plugins.reloader.Reloader.examine>` reports it as a failure.
+    """
+    try:
+        snapshot = read_files(files)
+    except InvalidIdentity as e:
+        return Examined(fingerprint=None, error=e)
+    observed = fingerprint(snapshot)
+    if observed == served:
+        return Examined(fingerprint=observed, unchanged=True)
+    when = datetime.fromtimestamp(now, timezone.utc)
+    known = known_bad
+    digest = password_digest(password) if known is not None and known.fingerprint == observed else ""
+    if known is not None and known.fingerprint == observed and known.password == digest:
+        # Known bad content is not parsed again; only a verdict on its dates can change with time.
+        if known.leaf is None:
+            return known
+        try:
+            judge_period(known.leaf, files, when)
+        except InvalidIdentity as e:
+            return Examined(fingerprint=observed, leaf=known.leaf, error=e, password=digest)
+    try:
+        leaf = judge(snapshot)
+    except InvalidIdentity as e:
+        return Examined(fingerprint=observed, error=e, password=password_digest(password))
+    try:
+        judge_period(leaf, files, when)
+    except InvalidIdentity as e:
+        return Examined(fingerprint=observed, leaf=leaf, error=e, password=password_digest(password))
+    try:
+        context = build_context(recipe, files)
+    except InvalidIdentity as e:
+        # Not remembered as bad content: the recipe reads the files again, maybe mid-rotation.
+        if fingerprint(read_files(files)) != observed:
+            return Examined(fingerprint=observed, changed_while_building=True)
+        return Examined(fingerprint=None, error=e)
+    if in_use(context):
+        error = NotServable(
+            f"the SSL context recipe for {files.certfile} returned a context already in use (does an "
+            "ssl_context hook cache its context?): it must build a new one on every call"
+        )
+        return Examined(fingerprint=observed, error=error)
+    # The recipe may have read other bytes than those validated: then try again next check.
+    changed = fingerprint(read_files(files)) != observed
+    changes = tuple(fixed_setting_changes(live, context))
+    return Examined(
+        observed, snapshot, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes
+    )

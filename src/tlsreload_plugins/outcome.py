@@ -1,0 +1,109 @@
+"""What a check decided, and when a problem is reported: :class:`Outcome`, :class:`Status`,
+:class:`Settling` and :func:`warn_expiry`.
+
+Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Reloader` returns an
+:class:`Outcome` from every check, hands out its state as a :class:`Status`, asks its
+:class:`Settling` whether a bad content is reported now, and :func:`warn_expiry` whether the served
+certificate's expiry is. (The names that were first defined in :mod:`tlsreload_plugins.reloader`
+are still importable from there.)
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+
+from .identity import Leaf, TLSFiles
+
+
+class Outcome(enum.Enum):
+    """What one :meth:`Reloader.check` did."""
+
+    UNCHANGED = "unchanged"
+    """The files hold what is being served."""
+    RELOADED = "reloaded"
+    """New valid content: new handshakes now get it."""
+    PENDING = "pending"
+    """New content that is not usable yet (seen once, or changing while read): tried again next check."""
+    FAILED = "failed"
+    """Content unusable on two checks in a row (or the server cannot be moved onto it): reported, the
+    last good identity keeps serving."""
+
+
+@dataclass(frozen=True)
+class Status:
+    """A consistent snapshot of a reloader's state, for health checks and metrics."""
+
+    files: TLSFiles
+    """The files watched."""
+    interval: float
+    """Seconds between checks."""
+    leaf: Leaf
+    """The certificate new handshakes get."""
+    last_success: float
+    """``time.time()`` of the last check that found a usable identity on disk."""
+    last_reload: float | None
+    """``time.time()`` of the last reload, or ``None`` before the first."""
+    last_error: str | None
+    """Why the files on disk are not being served, or ``None`` when they are."""
+    checks: int
+    """Checks made."""
+    reloads: int
+    """New certificates put in service."""
+    failures: int
+    """Failures reported (one per distinct problem, not one per check)."""
+
+
+class Settling:
+    """When a bad content is reported: once per distinct problem, and (when settling) only after the
+    same problem was seen on two checks in a row, so a rotation caught half-written is no failure."""
+
+    def __init__(self) -> None:
+        self.pending: str | None = None
+        self.reported: str | None = None
+
+    def bad(self, key: str, settle: bool) -> Outcome | None:
+        """The outcome of a check that found problem ``key``; ``None`` when it must be reported now."""
+        if key == self.reported:
+            return Outcome.FAILED
+        if settle and key != self.pending:
+            self.pending = key
+            return Outcome.PENDING
+        self.pending = None
+        self.reported = key
+        return None
+
+    def good(self) -> bool:
+        """A check found usable files; ``True`` when that ends a reported problem."""
+        was_reported = self.reported is not None
+        self.pending = self.reported = None
+        return was_reported
+
+
+def warn_expiry(
+    log: logging.Logger, leaf: Leaf, now: float, warning_days: float, last_warning: float | None
+) -> float | None:
+    """Warn on ``log`` (the reloader's) that the served certificate ``leaf`` expires within
+    ``warning_days`` of ``now``, or has expired, at most once a day: ``last_warning`` is when the
+    previous warning was given (``None``: never). Returns when the last warning was given (``now``
+    when it was just given)."""
+    seconds_left = leaf.not_after.timestamp() - now
+    if seconds_left > warning_days * 86400:
+        return last_warning
+    if last_warning is not None and now - last_warning < 86400:
+        return last_warning
+    if seconds_left <= 0:
+        log.warning(
+            "the served certificate EXPIRED at %s and no newer valid one is on disk: %s",
+            leaf.not_after.isoformat(),
+            leaf.describe(),
+        )
+    else:
+        log.warning(
+            "the served certificate expires in %.1f days (%s) and no newer one is on disk yet: %s",
+            seconds_left / 86400,
+            leaf.not_after.isoformat(),
+            leaf.describe(),
+        )
+    return now

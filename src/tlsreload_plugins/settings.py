@@ -1,0 +1,73 @@
+"""A reloader's settings: the check interval, the expiry warning and the key password, each given
+as an argument, else read from its environment variable, else its default.
+
+:class:`~tlsreload_plugins.reloader.Reloader` resolves its settings here, and so do the adapters,
+so that every server reads the same variables the same way. (These names are also importable from
+:mod:`tlsreload_plugins.reloader`, where they were first defined.)
+"""
+
+from __future__ import annotations
+
+import os
+
+from .identity import Password, password_file
+
+DEFAULT_INTERVAL = 1.0
+"""Seconds between checks. An unchanged check reads two small files and hashes them (about 12
+microseconds, see docs/benchmarks.md), so checking every second costs nothing measurable and
+a rotation is served within about a second."""
+
+DEFAULT_EXPIRY_WARNING_DAYS = 14.0
+"""Warn when the served certificate expires within this many days. cert-manager renews at
+two thirds of the lifetime and certbot 30 days ahead: a certificate this close to expiry
+means renewal is not reaching the server."""
+
+MIN_INTERVAL = 0.1
+"""The shortest check interval accepted: below it a worker would spend its time reading files."""
+
+INTERVAL_ENV = "TLSRELOAD_INTERVAL"
+EXPIRY_WARNING_ENV = "TLSRELOAD_EXPIRY_WARNING_DAYS"
+PASSWORD_FILE_ENV = "TLSRELOAD_KEY_PASSWORD_FILE"
+
+
+def _number(value: str | float, name: str, unit: str, *, minimum: float = 0.0) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of {unit}, got {value!r}") from None
+    if not number >= minimum or number == float("inf"):  # NaN fails the comparison
+        raise ValueError(f"{name} must be a number of {unit} >= {minimum:g}, got {value!r}")
+    return number
+
+
+def resolve_interval(interval: float | None = None) -> float:
+    """The check interval: ``interval`` if given, else ``$TLSRELOAD_INTERVAL``, else 1 second.
+
+    Raises:
+        ValueError: the interval is not a number of seconds >= :data:`MIN_INTERVAL`.
+    """
+    if interval is not None:
+        return _number(interval, "interval", "seconds", minimum=MIN_INTERVAL)
+    env = os.environ.get(INTERVAL_ENV)
+    if env:
+        return _number(env, INTERVAL_ENV, "seconds", minimum=MIN_INTERVAL)
+    return DEFAULT_INTERVAL
+
+
+def resolve_password(password: Password = None) -> Password:
+    """The key password: ``password`` if given, else the first line of ``$TLSRELOAD_KEY_PASSWORD_FILE``
+    (read again on every reload, as nginx's ``ssl_password_file``), else ``None``."""
+    if password is not None:
+        return password
+    path = os.environ.get(PASSWORD_FILE_ENV)
+    return password_file(path) if path else None
+
+
+def resolve_expiry_warning_days(days: float | None = None) -> float:
+    """Days before expiry to warn: ``days`` if given, else ``$TLSRELOAD_EXPIRY_WARNING_DAYS``, else 14."""
+    if days is not None:
+        return _number(days, "expiry_warning_days", "days")
+    env = os.environ.get(EXPIRY_WARNING_ENV)
+    if env:
+        return _number(env, EXPIRY_WARNING_ENV, "days")
+    return DEFAULT_EXPIRY_WARNING_DAYS

@@ -18,20 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from .identity import (
-    InvalidIdentity,
-    Leaf,
-    NotServable,
-    Password,
-    ReloadError,
-    Snapshot,
-    TLSFiles,
-    fingerprint,
-    judge_period,
-    password_bytes,
-    read_files,
-    validate,
-)
+from .errors import InvalidIdentity, NotServable, ReloadError
+from .files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
+from .identity import Leaf, judge_period, validate
 
 if TYPE_CHECKING:
     from .lastgood import LastGood

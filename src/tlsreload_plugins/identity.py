@@ -1,7 +1,11 @@
-"""Read, fingerprint and validate the files that make up a server's TLS identity.
+"""Validate the files that make up a server's TLS identity: parse them, check that they make a usable
+identity, and describe the leaf certificate.
 
 Nothing here knows about a server. Every function is plain code over bytes so that the
-decision "is what is on disk now usable?" can be tested without a socket.
+decision "is what is on disk now usable?" can be tested without a socket. Reading and
+fingerprinting the files are in :mod:`tlsreload_plugins.files`, the exceptions in
+:mod:`tlsreload_plugins.errors`; their names are importable from here too, where they were first
+defined.
 
 ``cryptography`` is imported by the functions that parse, when first called: reading and
 fingerprinting need none of it, and a worker process whose files its server's parent has already
@@ -13,26 +17,32 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import os
 import re
-import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+# `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.identity import X` works.
+from .errors import InvalidIdentity as InvalidIdentity
+from .errors import NotServable as NotServable
+from .errors import ReloadError as ReloadError
+from .files import _KINDS as _KINDS
+from .files import MAX_FILE_BYTES as MAX_FILE_BYTES
+from .files import Password as Password
+from .files import Snapshot as Snapshot
+from .files import TLSFiles as TLSFiles
+from .files import _read as _read
+from .files import _refuse_unless_regular as _refuse_unless_regular
+from .files import fingerprint as fingerprint
+from .files import password_bytes as password_bytes
+from .files import password_file as password_file
+from .files import password_text as password_text
+from .files import read_files as read_files
+
 if TYPE_CHECKING:
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
-
-Password = str | bytes | Callable[[], str | bytes] | None
-"""A key password as :meth:`ssl.SSLContext.load_cert_chain` accepts it."""
-
-MAX_FILE_BYTES = 1024 * 1024
-"""The largest file read (1 MiB). A certificate chain is a few KiB, a client-CA bundle holding every
-public root about 220 KiB; anything larger is refused unread, so a 1 GB file or ``/dev/zero`` at a
-configured path costs nothing."""
 
 MAX_CERT_LIST_BYTES = 100 * 1024
 """The largest certificate list a client accepts: OpenSSL's default ``max_cert_list``
@@ -44,61 +54,6 @@ _KEY_BEGIN = re.compile(rb"-----BEGIN ((?:RSA |EC |DSA |ENCRYPTED )?)PRIVATE KEY
 failed search for an END line per kind, however many BEGIN lines a file holds."""
 _CERT_BEGIN = b"-----BEGIN CERTIFICATE-----"
 _CERT_END = b"-----END CERTIFICATE-----"
-
-
-class ReloadError(Exception):
-    """Why a check could not serve what is on disk. ``str(error)`` says it in words an operator can act on."""
-
-
-class InvalidIdentity(ReloadError):
-    """The files on disk do not make a usable TLS identity.
-
-    ``str(error)`` names the file and says what is wrong with it, in words an operator can act on.
-
-    Attributes:
-        path: the file at fault, when one is (``None`` when the problem is the pair or the context).
-    """
-
-    def __init__(self, message: str, *, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class NotServable(ReloadError):
-    """The files are usable but the server cannot be moved onto them (the swap hook was replaced, a
-    recipe handed back a context already in use): a bug or a conflict in the server's set-up."""
-
-
-@dataclass(frozen=True)
-class TLSFiles:
-    """The paths that make up one TLS identity.
-
-    ``keyfile`` may be ``None`` when the key is in ``certfile`` (as :mod:`ssl` allows);
-    ``ca_certs`` is the optional bundle of CAs that client certificates are verified against.
-    """
-
-    certfile: str
-    keyfile: str | None = None
-    ca_certs: str | None = None
-
-    def describe(self) -> str:
-        """One line naming the files, for logs."""
-        parts = [f"cert={self.certfile}"]
-        if self.keyfile:
-            parts.append(f"key={self.keyfile}")
-        if self.ca_certs:
-            parts.append(f"ca={self.ca_certs}")
-        return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The bytes of each file as read in one check."""
-
-    files: TLSFiles
-    cert: bytes
-    key: bytes | None
-    ca: bytes | None
 
 
 @dataclass(frozen=True)
@@ -116,105 +71,6 @@ class Leaf:
         """One line for logs: serial, subject, names and expiry."""
         sans = ",".join(self.sans) or "-"
         return f"serial={self.serial} subject={self.subject or '-'} sans={sans} not_after={self.not_after.isoformat()}"
-
-
-_KINDS = {
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a directory",
-}
-
-
-def _refuse_unless_regular(mode: int, path: str, role: str) -> None:
-    if not stat.S_ISREG(mode):
-        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-        raise InvalidIdentity(f"{role} file {path} is {kind}, not a regular file; refusing to read it", path=path)
-
-
-def _read(path: str, role: str) -> bytes:
-    # Opening the path on every check follows whatever symlinks point at now:
-    # kubelet's ..data swap and certbot's relinking are seen without watching anything.
-    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; the
-    # stat of the opened descriptor then refuses it, devices and sockets before any read.
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise InvalidIdentity(f"{role} file {path} does not exist", path=path) from None
-    except PermissionError:
-        raise InvalidIdentity(f"{role} file {path} cannot be read: permission denied", path=path) from None
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            _refuse_unless_regular(os.stat(path).st_mode, path, role)  # a socket: ENXIO
-        raise InvalidIdentity(f"{role} file {path} cannot be read: {e.strerror or e}", path=path) from None
-    try:
-        info = os.fstat(fd)
-        _refuse_unless_regular(info.st_mode, path, role)
-        if info.st_size > MAX_FILE_BYTES:
-            raise InvalidIdentity(
-                f"{role} file {path} is {info.st_size} bytes, more than the {MAX_FILE_BYTES} a TLS file may be",
-                path=path,
-            )
-        chunks = []
-        size = 0
-        while size <= MAX_FILE_BYTES:  # the file may grow while it is read
-            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_FILE_BYTES:
-            raise InvalidIdentity(
-                f"{role} file {path} grew past the {MAX_FILE_BYTES} bytes a TLS file may be while being read", path=path
-            )
-        return b"".join(chunks)
-    except OSError as e:
-        raise InvalidIdentity(f"{role} file {path} cannot be read: {e.strerror or e}", path=path) from None
-    finally:
-        os.close(fd)
-
-
-def password_file(path: str) -> Callable[[], bytes]:
-    """A key password kept in a file: the callable reads the file's first line each time it is called
-    (so a password changed with the key is picked up on the next reload), without the line ending.
-
-    Raises (when called):
-        InvalidIdentity: the file cannot be read or is not a regular file.
-    """
-
-    def read_password() -> bytes:
-        first_line = _read(path, "key password").split(b"\n", 1)[0]
-        return first_line.removesuffix(b"\r")
-
-    return read_password
-
-
-def read_files(files: TLSFiles) -> Snapshot:
-    """Read every file of ``files`` once. Raises :class:`InvalidIdentity` naming a file that cannot be read."""
-    return Snapshot(
-        files=files,
-        cert=_read(files.certfile, "certificate"),
-        key=_read(files.keyfile, "key") if files.keyfile else None,
-        ca=_read(files.ca_certs, "client CA") if files.ca_certs else None,
-    )
-
-
-def fingerprint(snapshot: Snapshot) -> str:
-    """A digest of the content of every file: equal when, and only when, no byte changed.
-
-    Metadata (mtime, mode, owner, inode) is deliberately not part of it: chmod storms and
-    touch cause nothing.
-    """
-    digest = hashlib.sha256()
-    for part in (snapshot.cert, snapshot.key, snapshot.ca):
-        if part is None:
-            digest.update(b"-")
-        else:
-            digest.update(b"%d:" % len(part))
-            digest.update(part)
-    return digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -287,21 +143,6 @@ def _key_block(data: bytes) -> bytes | None:
 
 def _is_encrypted(block: bytes) -> bool:
     return block.startswith(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") or b"Proc-Type: 4,ENCRYPTED" in block
-
-
-def password_text(password: Password) -> str | None:
-    """The text of ``password`` (calling it when it is a callable), for servers that take a ``str``."""
-    value = password() if callable(password) else password
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def password_bytes(password: Password) -> bytes | None:
-    """The bytes of ``password`` (calling it when it is a callable, as :mod:`ssl` does)."""
-    if callable(password):
-        password = password()
-    if isinstance(password, str):
-        return password.encode()
-    return password
 
 
 def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:

@@ -14,7 +14,8 @@ import enum
 import logging
 from dataclasses import dataclass
 
-from .identity import Leaf, TLSFiles
+from .files import TLSFiles
+from .identity import Leaf
 
 
 class Outcome(enum.Enum):

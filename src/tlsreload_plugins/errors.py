@@ -1,0 +1,32 @@
+"""The exceptions a check raises when it cannot serve what is on disk: :class:`ReloadError` and its two
+kinds, :class:`InvalidIdentity` (the files) and :class:`NotServable` (the server's set-up).
+
+Their own module so that reading the files (:mod:`tlsreload_plugins.files`) and judging them
+(:mod:`tlsreload_plugins.identity`) raise the same ones. (They are also importable from
+:mod:`tlsreload_plugins.identity`, where they were first defined, and from the package.)
+"""
+
+from __future__ import annotations
+
+
+class ReloadError(Exception):
+    """Why a check could not serve what is on disk. ``str(error)`` says it in words an operator can act on."""
+
+
+class InvalidIdentity(ReloadError):
+    """The files on disk do not make a usable TLS identity.
+
+    ``str(error)`` names the file and says what is wrong with it, in words an operator can act on.
+
+    Attributes:
+        path: the file at fault, when one is (``None`` when the problem is the pair or the context).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class NotServable(ReloadError):
+    """The files are usable but the server cannot be moved onto them (the swap hook was replaced, a
+    recipe handed back a context already in use): a bug or a conflict in the server's set-up."""

@@ -1,0 +1,173 @@
+"""Read and fingerprint the files that make up a server's TLS identity, and the key password.
+
+The reading half of :mod:`tlsreload_plugins.identity`: every check of every process runs it, so it
+imports nothing that parses (no ``cryptography``: a worker whose files its server's parent has
+already validated loads none, see :mod:`tlsreload_plugins.lastgood`). A file is read whole, at most
+:data:`MAX_FILE_BYTES`, and only when it is a regular file. (These names are also importable from
+:mod:`tlsreload_plugins.identity`, where they were first defined.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import InvalidIdentity
+
+Password = str | bytes | Callable[[], str | bytes] | None
+"""A key password as :meth:`ssl.SSLContext.load_cert_chain` accepts it."""
+
+MAX_FILE_BYTES = 1024 * 1024
+"""The largest file read (1 MiB). A certificate chain is a few KiB, a client-CA bundle holding every
+public root about 220 KiB; anything larger is refused unread, so a 1 GB file or ``/dev/zero`` at a
+configured path costs nothing."""
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """The paths that make up one TLS identity.
+
+    ``keyfile`` may be ``None`` when the key is in ``certfile`` (as :mod:`ssl` allows);
+    ``ca_certs`` is the optional bundle of CAs that client certificates are verified against.
+    """
+
+    certfile: str
+    keyfile: str | None = None
+    ca_certs: str | None = None
+
+    def describe(self) -> str:
+        """One line naming the files, for logs."""
+        parts = [f"cert={self.certfile}"]
+        if self.keyfile:
+            parts.append(f"key={self.keyfile}")
+        if self.ca_certs:
+            parts.append(f"ca={self.ca_certs}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The bytes of each file as read in one check."""
+
+    files: TLSFiles
+    cert: bytes
+    key: bytes | None
+    ca: bytes | None
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _refuse_unless_regular(mode: int, path: str, role: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise InvalidIdentity(f"{role} file {path} is {kind}, not a regular file; refusing to read it", path=path)
+
+
+def _read(path: str, role: str) -> bytes:
+    # Opening the path on every check follows whatever symlinks point at now:
+    # kubelet's ..data swap and certbot's relinking are seen without watching anything.
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; the
+    # stat of the opened descriptor then refuses it, devices and sockets before any read.
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise InvalidIdentity(f"{role} file {path} does not exist", path=path) from None
+    except PermissionError:
+        raise InvalidIdentity(f"{role} file {path} cannot be read: permission denied", path=path) from None
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            _refuse_unless_regular(os.stat(path).st_mode, path, role)  # a socket: ENXIO
+        raise InvalidIdentity(f"{role} file {path} cannot be read: {e.strerror or e}", path=path) from None
+    try:
+        info = os.fstat(fd)
+        _refuse_unless_regular(info.st_mode, path, role)
+        if info.st_size > MAX_FILE_BYTES:
+            raise InvalidIdentity(
+                f"{role} file {path} is {info.st_size} bytes, more than the {MAX_FILE_BYTES} a TLS file may be",
+                path=path,
+            )
+        chunks = []
+        size = 0
+        while size <= MAX_FILE_BYTES:  # the file may grow while it is read
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_FILE_BYTES:
+            raise InvalidIdentity(
+                f"{role} file {path} grew past the {MAX_FILE_BYTES} bytes a TLS file may be while being read", path=path
+            )
+        return b"".join(chunks)
+    except OSError as e:
+        raise InvalidIdentity(f"{role} file {path} cannot be read: {e.strerror or e}", path=path) from None
+    finally:
+        os.close(fd)
+
+
+def password_file(path: str) -> Callable[[], bytes]:
+    """A key password kept in a file: the callable reads the file's first line each time it is called
+    (so a password changed with the key is picked up on the next reload), without the line ending.
+
+    Raises (when called):
+        InvalidIdentity: the file cannot be read or is not a regular file.
+    """
+
+    def read_password() -> bytes:
+        first_line = _read(path, "key password").split(b"\n", 1)[0]
+        return first_line.removesuffix(b"\r")
+
+    return read_password
+
+
+def read_files(files: TLSFiles) -> Snapshot:
+    """Read every file of ``files`` once. Raises :class:`InvalidIdentity` naming a file that cannot be read."""
+    return Snapshot(
+        files=files,
+        cert=_read(files.certfile, "certificate"),
+        key=_read(files.keyfile, "key") if files.keyfile else None,
+        ca=_read(files.ca_certs, "client CA") if files.ca_certs else None,
+    )
+
+
+def fingerprint(snapshot: Snapshot) -> str:
+    """A digest of the content of every file: equal when, and only when, no byte changed.
+
+    Metadata (mtime, mode, owner, inode) is deliberately not part of it: chmod storms and
+    touch cause nothing.
+    """
+    digest = hashlib.sha256()
+    for part in (snapshot.cert, snapshot.key, snapshot.ca):
+        if part is None:
+            digest.update(b"-")
+        else:
+            digest.update(b"%d:" % len(part))
+            digest.update(part)
+    return digest.hexdigest()
+
+
+def password_text(password: Password) -> str | None:
+    """The text of ``password`` (calling it when it is a callable), for servers that take a ``str``."""
+    value = password() if callable(password) else password
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def password_bytes(password: Password) -> bytes | None:
+    """The bytes of ``password`` (calling it when it is a callable, as :mod:`ssl` does)."""
+    if callable(password):
+        password = password()
+    if isinstance(password, str):
+        return password.encode()
+    return password

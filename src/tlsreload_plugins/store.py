@@ -1,0 +1,396 @@
+"""The shared store: the newest identity each name of a server served, with the leaf its validation
+found, in memory every process of the server shares (:class:`SharedStore`).
+
+Two regions written alternately, each a table of identities by name (:func:`encode`,
+:func:`decode`); writers take turns under a POSIX record lock; a spawn server's parent is the
+store's keeper (:class:`Keeper`), which its workers ask to look at new content. On Linux the
+mapping is a memfd, passed to spawned workers as a file descriptor when the store is pickled for
+them (:func:`shared_with_spawned_processes`); elsewhere they get a copy. What is kept, and how a
+context is built from it, is :mod:`tlsreload_plugins.lastgood`'s. (These names are also importable
+from there, where they were first defined.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import mmap
+import os
+import select
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from .files import Snapshot
+from .identity import Leaf
+
+# The store's log lines keep the logger they were always written under.
+log = logging.getLogger("tlsreload_plugins.lastgood")
+
+Parts = tuple[bytes, "bytes | None", "bytes | None"]
+"""An identity as kept: the bytes of its certificate, key and client-CA files (``None``: no such file)."""
+
+DEFAULT = ""
+"""The name the configured identity (certfile and keyfile) is kept under. SNI identities are kept under
+their own names (their directories' names), which are never empty."""
+
+
+Kept = tuple[Parts, "Leaf | None"]
+"""An identity as kept, with the leaf its validation found (``None``: kept without it)."""
+
+_PASSES = struct.Struct("<QQ")  # the keeper's passes: how many it began, the number of the last one it completed
+_HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the payload
+_COUNT = struct.Struct("<I")
+_ENTRY = struct.Struct("<4i")  # indices of an identity's cert, key, CA and leaf among the table's blobs (-1: none)
+
+REGION_BYTES = 16 * 1024 * 1024
+"""Room for the table of kept identities in a :class:`SharedStore`: the configured identity and
+thousands of SNI identities (a few KiB each; a client-CA bundle shared by all of them is kept once).
+Only the pages written are ever used."""
+
+LOCK_WAIT = 2.0
+"""Seconds a write waits for another process's write to end before giving up (it logs why)."""
+
+ASK_WAIT = 1.0
+"""Seconds a worker waits for the keeper's verdict on new content (:meth:`SharedStore.ask`) before it
+judges the content itself."""
+
+
+def _leaf_bytes(leaf: Leaf | None) -> bytes | None:
+    if leaf is None:
+        return None
+    fields = [leaf.subject, leaf.serial, list(leaf.sans), leaf.not_before.isoformat(), leaf.not_after.isoformat()]
+    return json.dumps([*fields, leaf.sha256]).encode()
+
+
+def _leaf_from(data: bytes) -> Leaf:
+    try:
+        subject, serial, sans, not_before, not_after, sha256 = json.loads(data)
+        return Leaf(
+            str(subject),
+            str(serial),
+            tuple(str(san) for san in sans),
+            datetime.fromisoformat(not_before),
+            datetime.fromisoformat(not_after),
+            str(sha256),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"a leaf kept in a form this version does not read: {e}") from e
+
+
+def encode(table: Mapping[str, Kept]) -> bytes:
+    """The payload of a :class:`SharedStore` region: each distinct content once (file contents, leaves),
+    then each identity's name and the indices of its contents (SNI identities share the client-CA bundle)."""
+    blobs: dict[bytes, int] = {}
+    entries: list[bytes] = []
+    for name, (parts, leaf) in table.items():
+        indices = [-1 if blob is None else blobs.setdefault(blob, len(blobs)) for blob in (*parts, _leaf_bytes(leaf))]
+        label = name.encode()
+        entries += [_COUNT.pack(len(label)), label, _ENTRY.pack(*indices)]
+    out = [_COUNT.pack(len(blobs))]
+    for blob in blobs:  # in index order: a dict keeps insertion order
+        out += [_COUNT.pack(len(blob)), blob]
+    return b"".join([*out, _COUNT.pack(len(table)), *entries])
+
+
+def decode(payload: bytes) -> dict[str, Kept]:
+    """The table :func:`encode` wrote. Raises ``ValueError`` on a payload it did not write."""
+    view = memoryview(payload)
+    at = 0
+
+    def take(n: int) -> bytes:
+        nonlocal at
+        if n < 0 or at + n > len(view):
+            raise ValueError("truncated table")
+        at += n
+        return bytes(view[at - n : at])
+
+    def count() -> int:
+        (n,) = _COUNT.unpack(take(_COUNT.size))
+        return int(n)
+
+    blobs = [take(count()) for _ in range(count())]
+    table: dict[str, Kept] = {}
+    for _ in range(count()):
+        name = take(count()).decode()
+        cert, key, ca, leaf = _ENTRY.unpack(take(_ENTRY.size))
+        if cert < 0 or max(cert, key, ca, leaf) >= len(blobs):
+            raise ValueError(f"identity {name!r} kept with contents the table does not hold")
+        parts = (blobs[cert], None if key < 0 else blobs[key], None if ca < 0 else blobs[ca])
+        table[name] = (parts, None if leaf < 0 else _leaf_from(blobs[leaf]))
+    return table
+
+
+def _named(name: str) -> str:
+    return f"SNI identity {name}" if name else "the server"
+
+
+class _Descriptor(Protocol):
+    """What multiprocessing hands a child for a file descriptor it passed along (``DupFd``)."""
+
+    def detach(self) -> int: ...
+
+
+def _for_process_being_started(*fds: int | None) -> tuple[_Descriptor | None, ...] | None:
+    """``fds`` wrapped to be passed to the process multiprocessing is starting now (it pickles that
+    process's arguments, a server's configuration among them), or ``None`` when it is starting none."""
+    try:
+        from multiprocessing import context, reduction
+
+        if context.get_spawning_popen() is None:
+            return None
+        return tuple(None if fd is None else reduction.DupFd(fd) for fd in fds)
+    except (ImportError, AttributeError):  # multiprocessing changed: the child gets a copy (see keep_newest_valid)
+        return None
+
+
+def shared_with_spawned_processes() -> str | None:
+    """``None`` when a :class:`SharedStore` pickled for a process multiprocessing starts (uvicorn's
+    and hypercorn's workers) is shared with it, live; otherwise why the process gets a copy."""
+    if not hasattr(os, "memfd_create"):
+        return "this system has no memfd_create"
+    try:
+        from multiprocessing import context, reduction
+    except ImportError as e:
+        return f"multiprocessing cannot be imported: {e}"
+    for module, name in ((context, "get_spawning_popen"), (reduction, "DupFd")):
+        if not callable(getattr(module, name, None)):
+            return f"multiprocessing.{module.__name__.rpartition('.')[2]}.{name} is missing in this Python"
+    return None
+
+
+class SharedStore:
+    """The newest identity each name of one server served, with the leaf its validation found, in
+    memory every process of the server shares.
+
+    Created in the parent before it starts its workers. Forked workers (gunicorn) share the mapping
+    they inherit. Spawned ones (uvicorn's ``--workers``, hypercorn) get the store with the
+    configuration the server pickles for them: on Linux the mapping is a memfd, passed to each child
+    as a file descriptor as the server's listening sockets are, so the parent and every child share
+    one table; elsewhere a child gets a copy of the table as it was when the child started.
+
+    It holds one table of identities, by name, in one of two regions written alternately, each with a
+    generation number and a digest of its payload: a writer killed halfway leaves a region whose
+    digest does not match, and readers take the other one (they validate what they read anyway).
+    Writers take turns through a POSIX record lock, which the kernel releases when its holder dies,
+    and never wait on it: they try again every millisecond, so a gevent hub is never blocked, and
+    give up after :data:`LOCK_WAIT` seconds.
+
+    A spawn server's parent keeps the table current (:func:`keep_newest_valid`); a worker that finds
+    new content on disk asks it to look (:meth:`ask`), and takes its verdict instead of parsing the content
+    itself, so the workers load no ``cryptography`` while the content on disk is valid.
+    """
+
+    def __init__(self, region_bytes: int = REGION_BYTES) -> None:
+        self._region = _HEADER.size + region_bytes
+        size = _PASSES.size + 2 * self._region
+        self._fd: int | None = None
+        if hasattr(os, "memfd_create"):
+            self._fd = self._lock_fd = os.memfd_create("tlsreload-last-good", getattr(os, "MFD_CLOEXEC", 1))
+            os.ftruncate(self._fd, size)
+            self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED)
+        else:
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+            with tempfile.TemporaryFile() as lock_file:  # holds nothing: only locked
+                self._lock_fd = os.dup(lock_file.fileno())
+        self._asks: int | None = None  # where a worker asks the keeper to look (a pipe's write end)
+        self._start_in_process()
+
+    def _start_in_process(self) -> None:
+        self._in_process = threading.Lock()  # POSIX record locks do not exclude threads of one process
+        self._cached: tuple[int, int, dict[str, Kept]] = (-1, 0, {})  # region, generation, table
+        self._full_logged: set[str] = set()
+
+    def __reduce__(self) -> tuple[Callable[..., SharedStore], tuple[object, ...]]:
+        passed = _for_process_being_started(self._fd, self._asks) if self._fd is not None else None
+        if passed is not None:
+            return _attached, (*passed, self._region - _HEADER.size)
+        return _copied, (encode(self._table()), self._region - _HEADER.size)
+
+    # -- the table ------------------------------------------------------------------------------
+
+    def _base(self, index: int) -> int:
+        return _PASSES.size + index * self._region
+
+    def _generation(self, index: int) -> int:
+        generation: int = _HEADER.unpack_from(self._map, self._base(index))[0]
+        return generation
+
+    def _table(self) -> dict[str, Kept]:
+        """The newest intact table (empty when none is)."""
+        for index in sorted((0, 1), key=self._generation, reverse=True):
+            base = self._base(index)
+            generation, length, digest = _HEADER.unpack_from(self._map, base)
+            if generation == 0 or length > self._region - _HEADER.size:
+                continue
+            if self._cached[:2] == (index, generation):  # a region is rewritten only under a new generation
+                return self._cached[2]
+            payload = self._map[base + _HEADER.size : base + _HEADER.size + length]
+            if hashlib.sha256(payload).digest() != digest or self._generation(index) != generation:
+                continue  # torn, or being rewritten as it was read
+            try:
+                table = decode(payload)
+            except ValueError:
+                continue
+            self._cached = (index, generation, table)
+            return table
+        return {}
+
+    def read(self, name: str = DEFAULT) -> Parts | None:
+        """The newest ``(cert, key, ca)`` kept for ``name``, or ``None``."""
+        kept = self._table().get(name)
+        return None if kept is None else kept[0]
+
+    def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
+        """The identity kept for ``name`` with the leaf its validation found, or ``None``."""
+        kept = self._table().get(name)
+        return None if kept is None or kept[1] is None else (kept[0], kept[1])
+
+    def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
+        """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
+        ``leaf`` its validation found. Never raises."""
+        parts = (snapshot.cert, snapshot.key, snapshot.ca)
+        kept = self._table().get(name)
+        if kept is None or kept[0] != parts or (leaf is not None and kept[1] != leaf):
+            self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
+
+    def forget(self, name: str) -> None:
+        """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
+        if self.read(name) is not None:
+            self._change(name, lambda table: table.pop(name, None))
+
+    def _change(self, name: str, change: Callable[[dict[str, Kept]], object]) -> None:
+        with self._exclusive() as locked:
+            if not locked:
+                log.warning("the last good certificate of %s is not kept: another process held the store", _named(name))
+                return
+            table = dict(self._table())
+            change(table)
+            payload = encode(table)
+            if len(payload) > self._region - _HEADER.size:
+                if name not in self._full_logged:
+                    self._full_logged.add(name)
+                    log.warning(
+                        "the last good certificate of %s is not kept: the identities kept would take %d bytes, "
+                        "more than the %d kept in memory",
+                        _named(name),
+                        len(payload),
+                        self._region - _HEADER.size,
+                    )
+                return
+            generations = [self._generation(i) for i in (0, 1)]
+            index = 0 if generations[0] <= generations[1] else 1  # overwrite the older region
+            base = self._base(index)
+            _HEADER.pack_into(self._map, base, 0, len(payload), b"")  # invalid while being written
+            self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
+            _HEADER.pack_into(self._map, base, max(generations) + 1, len(payload), hashlib.sha256(payload).digest())
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        """Hold the store's write lock for the block (``True``), or ``False`` after :data:`LOCK_WAIT` seconds."""
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            if self._in_process.acquire(blocking=False):
+                try:
+                    fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # another process is writing
+                    self._in_process.release()
+                else:
+                    try:
+                        yield True
+                    finally:
+                        fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
+                        self._in_process.release()
+                    return
+            if time.monotonic() > deadline:
+                yield False
+                return
+            time.sleep(0.001)  # cooperative under gevent
+
+    # -- the keeper -----------------------------------------------------------------------------
+
+    def ask(self, wait: float = ASK_WAIT) -> bool:
+        """Have the keeper (:func:`keep_newest_valid`, in a spawn server's parent) look at the files
+        now, and wait until it has: ``True`` then; ``False`` at once when this store has no keeper
+        (gunicorn's), or after ``wait`` seconds when the keeper does not answer. Blocking."""
+        if self._asks is None:
+            return False
+        begun = self._passes()[0]
+        try:
+            os.write(self._asks, b"?")
+        except BlockingIOError:
+            pass  # the pipe is full of asks the keeper has yet to read: it will look
+        except OSError:
+            return False  # the keeper is gone
+        deadline = time.monotonic() + wait
+        while self._passes()[1] <= begun:  # until a pass that began after the ask has completed
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def _passes(self) -> tuple[int, int]:
+        begun, completed = _PASSES.unpack_from(self._map, 0)
+        return int(begun), int(completed)
+
+    def keep(self) -> Keeper:
+        """Make this process the store's keeper: the processes it starts from now on can :meth:`ask` it."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)  # shared with the children: a full pipe never blocks a worker
+        self._asks = write_end
+        return Keeper(self, read_end)
+
+
+@dataclass(frozen=True)
+class Keeper:
+    """The keeper's side of a :class:`SharedStore`: it waits for asks, and numbers its passes."""
+
+    store: SharedStore
+    asks: int
+    """The read end of the pipe workers ask through."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when a worker asks, or after ``timeout`` seconds."""
+        if select.select([self.asks], [], [], timeout)[0]:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.asks, 65536)
+
+    @contextlib.contextmanager
+    def one_pass(self) -> Iterator[None]:
+        """Number a look at every identity: a worker's :meth:`SharedStore.ask` waits for the end of one
+        that began after it asked."""
+        begun, completed = self.store._passes()
+        _PASSES.pack_into(self.store._map, 0, begun + 1, completed)
+        try:
+            yield
+        finally:
+            _PASSES.pack_into(self.store._map, 0, begun + 1, begun + 1)
+
+
+def _attached(mapping: _Descriptor, asks: _Descriptor | None, region_bytes: int) -> SharedStore:
+    """The :class:`SharedStore` a spawned process shares with its parent, from the descriptors passed."""
+    store = SharedStore.__new__(SharedStore)
+    store._region = _HEADER.size + region_bytes
+    store._fd = store._lock_fd = mapping.detach()
+    store._map = mmap.mmap(store._fd, _PASSES.size + 2 * store._region, flags=mmap.MAP_SHARED)
+    store._asks = asks.detach() if asks is not None else None
+    store._start_in_process()
+    return store
+
+
+def _copied(payload: bytes, region_bytes: int) -> SharedStore:
+    """A :class:`SharedStore` of this process only, holding the table ``payload`` (see :func:`encode`)."""
+    store = SharedStore(region_bytes)
+    table = decode(payload)
+    if table:
+        store._change(DEFAULT, lambda kept: kept.update(table))
+    return store

@@ -1,12 +1,11 @@
-"""aiohttp with certificate reload, using only the core API::
+"""aiohttp with certificate reload, in one line::
 
     python examples/aiohttp_app.py --certfile tls.crt --keyfile tls.key --port 8443
 
-aiohttp takes an ``ssl.SSLContext``: hand it ``reloader.context`` once, and let an
-:class:`~tlsreload_plugins.AsyncioDriver` check the files on aiohttp's own event loop for as long as
-the app runs (a ``cleanup_ctx`` entry starts it before the first request and stops it at shutdown).
-New connections get each new valid pair; established ones keep theirs; a bad pair is logged and the
-last good one keeps serving.
+aiohttp takes an ``ssl.SSLContext``: :func:`~tlsreload_plugins.fresh_context` returns one that stays
+fresh, with the files checked in a daemon thread (never on aiohttp's event loop), and a ``cleanup_ctx``
+entry stops the checks at shutdown. New connections get each new valid pair; established ones keep
+theirs; a bad pair is logged once and the last good one keeps serving.
 """
 
 from __future__ import annotations
@@ -14,33 +13,25 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from tlsreload_plugins import AsyncioDriver, Reloader
-
-
-def context_recipe(certfile: str, keyfile: str) -> ssl.SSLContext:
-    """How this server builds its context; the reloader calls it again for every new pair."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(certfile, keyfile)
-    return context
+from tlsreload_plugins import FreshContext, fresh_context
 
 
 async def home(request: web.Request) -> web.Response:
     return web.json_response({"pid": os.getpid()})
 
 
-def make_app(reloader: Reloader) -> web.Application:
-    async def checking(app: web.Application) -> AsyncIterator[None]:
-        async with AsyncioDriver(reloader):
-            yield
+def make_app(fresh: FreshContext) -> web.Application:
+    async def closing(app: web.Application) -> AsyncIterator[None]:
+        yield
+        fresh.close()  # at shutdown: stop the checks
 
     app = web.Application()
     app.router.add_get("/", home)
-    app.cleanup_ctx.append(checking)
+    app.cleanup_ctx.append(closing)
     return app
 
 
@@ -54,13 +45,8 @@ def main() -> None:
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s")
 
-    reloader = Reloader(
-        options.certfile,
-        options.keyfile,
-        recipe=lambda: context_recipe(options.certfile, options.keyfile),
-        interval=options.interval,
-    )
-    web.run_app(make_app(reloader), host=options.host, port=options.port, ssl_context=reloader.context)
+    fresh = fresh_context(options.certfile, options.keyfile, interval=options.interval)
+    web.run_app(make_app(fresh), host=options.host, port=options.port, ssl_context=fresh.context)
 
 
 if __name__ == "__main__":

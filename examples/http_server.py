@@ -1,11 +1,11 @@
-"""The standard library's ``http.server`` with certificate reload, using only the core API::
+"""The standard library's ``http.server`` with certificate reload, in one line::
 
     python examples/http_server.py --certfile tls.crt --keyfile tls.key --port 8443
 
-Every accepted connection is wrapped with ``reloader.context``; a
-:class:`~tlsreload_plugins.ThreadDriver` checks the files in a daemon thread. The handshake runs in
-the connection's own thread (``do_handshake_on_connect=False``), so a slow or silent client never
-holds up ``accept``.
+``with fresh_context(certfile, keyfile) as context:`` gives the ``ssl.SSLContext`` every accepted
+connection is wrapped with, and checks the files in a daemon thread until the block ends. The handshake
+runs in the connection's own thread (``do_handshake_on_connect=False``), so a slow or silent client
+never holds up ``accept``.
 """
 
 from __future__ import annotations
@@ -21,18 +21,11 @@ import ssl
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tlsreload_plugins import Reloader, ThreadDriver
+from tlsreload_plugins import fresh_context
 
 HANDSHAKE_TIMEOUT = 10.0
 
 log = logging.getLogger("example.http_server")
-
-
-def context_recipe(certfile: str, keyfile: str) -> ssl.SSLContext:
-    """How this server builds its context; the reloader calls it again for every new pair."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(certfile, keyfile)
-    return context
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -72,7 +65,7 @@ class TLSServer(ThreadingHTTPServer):
 
 
 def _exit(signum: int, frame: object) -> None:
-    raise SystemExit(0)  # SIGTERM: leave serve_forever, close the socket, stop the driver
+    raise SystemExit(0)  # SIGTERM: leave serve_forever, close the socket, stop the checks
 
 
 def main() -> None:
@@ -85,14 +78,11 @@ def main() -> None:
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(levelname)s] %(name)s: %(message)s")
 
-    reloader = Reloader(
-        options.certfile,
-        options.keyfile,
-        recipe=lambda: context_recipe(options.certfile, options.keyfile),
-        interval=options.interval,
-    )
     signal.signal(signal.SIGTERM, _exit)
-    with TLSServer((options.host, options.port), reloader.context) as server, ThreadDriver(reloader):
+    with (
+        fresh_context(options.certfile, options.keyfile, interval=options.interval) as context,
+        TLSServer((options.host, options.port), context) as server,
+    ):
         log.info("serving https://%s:%d", options.host, options.port)
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C
             server.serve_forever()

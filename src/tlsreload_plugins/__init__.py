@@ -1,24 +1,34 @@
-"""Keep TLS certificates fresh inside running gunicorn and uvicorn servers.
+"""Keep TLS certificates fresh inside running Python servers.
 
-The core (this package's top level) knows no server. Give :class:`Reloader` the files and a
-recipe that builds the server's context, hand :attr:`Reloader.context` to the server, and
-drive checks with :class:`ThreadDriver` or :class:`AsyncioDriver`::
+For any server that takes an :class:`ssl.SSLContext`, one line: :func:`fresh_context` validates the
+files, returns a :class:`FreshContext` whose ``.context`` the server is given once, and checks the
+files in a daemon thread until it is closed::
+
+    with fresh_context("tls.crt", "tls.key") as context:
+        web.run_app(app, ssl_context=context)
+
+The core underneath knows no server. Give :class:`Reloader` the files and a recipe that builds the
+server's context, hand :attr:`Reloader.context` to the server, and drive checks with
+:class:`ThreadDriver` or :class:`AsyncioDriver`::
 
     reloader = Reloader("tls.crt", "tls.key", recipe=build_my_context)
     server = make_server(ssl_context=reloader.context)
     with ThreadDriver(reloader):
         server.serve_forever()
 
-The adapters live in :mod:`tlsreload_plugins.gunicorn` and :mod:`tlsreload_plugins.uvicorn`.
+The adapters live in :mod:`tlsreload_plugins.gunicorn`, :mod:`tlsreload_plugins.uvicorn` and
+:mod:`tlsreload_plugins.hypercorn`.
 """
 
 from .drivers import AsyncioDriver, ThreadDriver
+from .fresh import FreshContext, fresh_context
 from .identity import InvalidIdentity, Leaf, NotServable, ReloadError, TLSFiles
 from .reloader import Outcome, Reloader, Status
 from .sni import SNIIdentities
 
 __all__ = [
     "AsyncioDriver",
+    "FreshContext",
     "InvalidIdentity",
     "Leaf",
     "NotServable",
@@ -29,5 +39,6 @@ __all__ = [
     "Status",
     "TLSFiles",
     "ThreadDriver",
+    "fresh_context",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,168 @@
+"""The one line for any server that takes an :class:`ssl.SSLContext`: a context that stays fresh.
+
+:func:`fresh_context` validates the files, builds the context the server is given once, and checks
+the files on an interval in a daemon thread (never on the server's event loop). New connections get
+the newest valid certificate; a torn, mismatched or expired pair is reported once and the last good
+one keeps serving. :meth:`FreshContext.close` (or leaving the ``with`` block) stops the checks::
+
+    with fresh_context("/etc/tls/tls.crt", "/etc/tls/tls.key") as context:
+        serve(ssl_context=context)
+
+Underneath it is the core, assembled: a :class:`~tlsreload_plugins.Reloader` driven by a
+:class:`~tlsreload_plugins.ThreadDriver`, with SNI identities (:mod:`tlsreload_plugins.sni`) and
+Prometheus metrics (:mod:`tlsreload_plugins.metrics`) when asked for.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterable
+from types import TracebackType
+
+from . import identity
+from . import metrics as prometheus
+from . import sni as sni_identities
+from .drivers import ThreadDriver
+from .identity import TLSFiles
+from .lastgood import RecipeFor
+from .reloader import Reloader, Status
+from .settings import resolve_password
+
+__all__ = ["FreshContext", "fresh_context"]
+
+STOP_TIMEOUT = 10.0
+"""Seconds :meth:`FreshContext.close` waits for a check in progress to end (a check takes milliseconds)."""
+
+
+class FreshContext:
+    """A server's :class:`ssl.SSLContext` kept fresh by checks in a daemon thread, until :meth:`close`.
+
+    Made by :func:`fresh_context` (no public constructor). Closing stops the checks only: the context
+    keeps serving the last certificate it served.
+
+    Attributes:
+        context: the :class:`ssl.SSLContext` to hand to the server, once, for its whole life.
+        reloader: the :class:`~tlsreload_plugins.Reloader` behind it (its ``leaf``, ``check()``, callbacks).
+    """
+
+    def __init__(self, reloader: Reloader, driver: ThreadDriver) -> None:
+        self.reloader = reloader
+        self.context: ssl.SSLContext = reloader.context
+        self._driver = driver
+
+    def status(self) -> Status:
+        """The served certificate and the counters of the checks (:class:`~tlsreload_plugins.Status`);
+        never waits for a check in progress. SNI identities have their own:
+        ``tlsreload_plugins.sni.for_reloader(fresh.reloader).status()``."""
+        return self.reloader.status()
+
+    @property
+    def running(self) -> bool:
+        """Whether the checking thread is alive."""
+        return self._driver.running
+
+    def close(self) -> None:
+        """Stop the checks and wait for the checking thread to end. Idempotent; the context keeps
+        serving the certificate it serves now."""
+        self._driver.stop(STOP_TIMEOUT)
+
+    def __enter__(self) -> ssl.SSLContext:
+        return self.context
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def fresh_context(
+    certfile: str,
+    keyfile: str | None = None,
+    *,
+    ca_certs: str | None = None,
+    password_file: str | None = None,
+    sni: Iterable[str] | str | None = None,
+    interval: float | None = None,
+    recipe: RecipeFor | None = None,
+    metrics: bool | None = None,
+) -> FreshContext:
+    """An :class:`ssl.SSLContext` for ``certfile`` and ``keyfile`` that stays fresh: hand ``.context``
+    to the server; new connections get the newest valid certificate on disk. Checks start at once, in
+    a daemon thread; under gevent each check runs in the hub's pool of native threads.
+
+    Args:
+        certfile: the certificate chain (PEM), leaf first; may hold the key too.
+        keyfile: the private key (PEM), ``None`` when it is in ``certfile``.
+        ca_certs: a bundle of CAs client certificates are verified against. Given to a server it means
+            mutual TLS: the default recipe sets ``verify_mode = ssl.CERT_REQUIRED`` (a client without a
+            certificate is refused). Reloaded like the pair.
+        password_file: a file whose first line is the key's password, read again on each reload (default
+            ``$TLSRELOAD_KEY_PASSWORD_FILE``, else none).
+        sni: directories of more identities, chosen by the server name a client asks for (a sequence,
+            or one ``os.pathsep``-separated string; default ``$TLSRELOAD_SNI``), see :mod:`tlsreload_plugins.sni`.
+        interval: seconds between checks, at least 0.1 (default ``$TLSRELOAD_INTERVAL``, else 1).
+        recipe: how the server builds a context from a :class:`~tlsreload_plugins.TLSFiles` (ALPN, ciphers,
+            protocol bounds, the password if the key has one), called for the configured files, for each SNI
+            identity's, and again on every reload. Default: ``ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)``,
+            ``load_cert_chain(certfile, keyfile, password)``, and with ``ca_certs``, ``load_verify_locations``
+            and ``CERT_REQUIRED``.
+        metrics: export Prometheus metrics (:mod:`tlsreload_plugins.metrics`; default ``$TLSRELOAD_METRICS``).
+
+    Returns:
+        A :class:`FreshContext`: ``.context``, ``status()``, ``close()``; as a context manager it gives
+        the :class:`ssl.SSLContext` and closes on exit.
+
+    Raises:
+        InvalidIdentity: the files cannot be used now; one sentence names the file and what is wrong.
+        ValueError: a setting is not usable (an interval below 0.1, an SNI directory that does not exist,
+            a ``$TLSRELOAD_METRICS`` that is neither true nor false).
+        TypeError: ``recipe`` returned something other than an :class:`ssl.SSLContext`.
+
+    Example (aiohttp)::
+
+        fresh = fresh_context("/etc/tls/tls.crt", "/etc/tls/tls.key")
+
+        async def closing(app):
+            yield
+            fresh.close()
+
+        app.cleanup_ctx.append(closing)
+        web.run_app(app, ssl_context=fresh.context)
+
+    Example (``http.server``; ``examples/http_server.py`` does each handshake in its connection's thread)::
+
+        with fresh_context("/etc/tls/tls.crt", "/etc/tls/tls.key") as context:
+            server = ThreadingHTTPServer(("0.0.0.0", 8443), Handler)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+            server.serve_forever()
+    """
+    export_metrics = prometheus.wanted(metrics)  # a bad setting fails before anything is read
+    password = resolve_password(identity.password_file(password_file) if password_file else None)
+
+    def default_recipe(files: TLSFiles) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(files.certfile, files.keyfile, password)
+        if files.ca_certs:  # a client-CA bundle given to a server: mutual TLS
+            context.load_verify_locations(files.ca_certs)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    recipe_for = recipe or default_recipe
+    files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
+    reloader = Reloader(
+        files.certfile,
+        files.keyfile,
+        recipe=lambda: recipe_for(files),
+        ca_certs=files.ca_certs,
+        password=password,
+        interval=interval,
+    )
+    _equip(reloader, sni, recipe_for, export_metrics)
+    return FreshContext(reloader, ThreadDriver(reloader).start())
+
+
+def _equip(reloader: Reloader, sni: Iterable[str] | str | None, recipe_for: RecipeFor, export_metrics: bool) -> None:
+    # Metrics first: SNI identities get metrics when their default reloader has them.
+    if export_metrics:
+        prometheus.observe(reloader)
+    sni_identities.attach_from_settings(reloader, sni, recipe_for)

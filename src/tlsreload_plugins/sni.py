@@ -22,7 +22,8 @@ wildcard; a wildcard ``*.example.com`` covers one label (``a.example.com``, not 
 nor ``a.b.example.com``). A handshake without a server name, or with one no identity lists,
 gets the default identity. When two identities list the same name, the first wins: directories
 in the order configured, subdirectories in sorted order (a WARNING names both, once). The
-lookup is two dictionary reads, whatever the number of identities.
+lookup is two dictionary reads, whatever the number of identities. Finding the identities in
+the directories is :mod:`tlsreload_plugins.sni_discovery`'s.
 
 On every check of the default reloader (its driver's tick) the directories are scanned again:
 identities added are served once their files are valid, identities removed (gone on two scans
@@ -45,119 +46,26 @@ import os
 import ssl
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 from . import metrics
 from .drivers import gevent_offload
 from .identity import InvalidIdentity, Password, TLSFiles
-from .lastgood import DEFAULT, LastGood, RecipeFor, SharedStore
+from .lastgood import LastGood, RecipeFor, SharedStore
 from .reloader import Outcome, Reloader, Status
+
+# Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that
+# `from tlsreload_plugins.sni import X` keeps working.
+from .sni_discovery import _MARKERS as _MARKERS
+from .sni_discovery import IDENTITY_FILES, SNI_ENV, _discover, _is_alive, discover, resolve_directories
+from .sni_discovery import every_identity as every_identity
+from .sni_discovery import identity_files as identity_files
 
 __all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
 
 log = logging.getLogger("tlsreload_plugins.sni")
 
-SNI_ENV = "TLSRELOAD_SNI"
-"""Directories of SNI identities, separated by ``os.pathsep`` (``:`` on Unix)."""
-
-IDENTITY_FILES = (("tls.crt", "tls.key"), ("fullchain.pem", "privkey.pem"))
-"""The (certificate, key) file names that make a directory an identity, in order of preference:
-a Kubernetes TLS Secret, a certbot lineage."""
-
-_MARKERS = frozenset(name for pair in IDENTITY_FILES for name in pair) | {"cert.pem", "chain.pem"}
-"""Any of these present keeps an identity alive: certbot relinks its files one at a time."""
-
 _attached: weakref.WeakKeyDictionary[Reloader, SNIIdentities] = weakref.WeakKeyDictionary()
-
-
-def resolve_directories(directories: Iterable[str] | str | None = None) -> list[str]:
-    """The SNI directories: ``directories`` if given (a sequence, or one ``os.pathsep``-separated
-    string), else ``$TLSRELOAD_SNI``, else none. Empty entries are dropped.
-
-    Raises:
-        ValueError: a directory does not exist or is not a directory.
-    """
-    if directories is None:
-        directories = os.environ.get(SNI_ENV, "")
-    if isinstance(directories, str):
-        directories = directories.split(os.pathsep)
-    found = [str(d) for d in directories if str(d)]
-    for directory in found:
-        if not os.path.isdir(directory):
-            raise ValueError(f"SNI directory {directory} does not exist or is not a directory")
-    return found
-
-
-def identity_files(directory: str) -> TLSFiles | None:
-    """The certificate and key of the identity ``directory`` is, or ``None`` when it is none."""
-    try:
-        entries = set(os.listdir(directory))
-    except OSError:
-        return None
-    for cert, key in IDENTITY_FILES:
-        if cert in entries or key in entries:
-            return TLSFiles(os.path.join(directory, cert), os.path.join(directory, key))
-    return None
-
-
-def _is_alive(files: TLSFiles) -> bool:
-    directory = os.path.dirname(files.certfile)
-    try:
-        return not _MARKERS.isdisjoint(os.listdir(directory))
-    except OSError:
-        return False
-
-
-def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLSFiles]]:
-    """Every identity in ``directories``, by name, in precedence order, and those left out because
-    an identity found before has the same name."""
-    found: dict[str, TLSFiles] = {}
-    shadowed: list[TLSFiles] = []
-
-    def add(name: str, files: TLSFiles) -> None:
-        if found.setdefault(name, files) is not files:
-            shadowed.append(files)
-
-    for directory in directories:
-        files = identity_files(directory)
-        if files is not None:
-            add(os.path.basename(os.path.normpath(directory)), files)
-            continue
-        try:
-            entries = sorted(os.listdir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            path = os.path.join(directory, entry)
-            if entry.startswith(".") or not os.path.isdir(path):  # kubelet's ..data, ..2026_...
-                continue
-            files = identity_files(path)
-            if files is not None:
-                add(entry, files)
-    return found, shadowed
-
-
-def discover(directories: Sequence[str], ca_certs: str | None = None) -> dict[str, TLSFiles]:
-    """Every identity in ``directories`` now, by name, each with the server's client-CA bundle
-    ``ca_certs``: the identities an :class:`SNIIdentities` over them would serve."""
-    found, _ = _discover(directories)
-    return {name: TLSFiles(files.certfile, files.keyfile, ca_certs) for name, files in found.items()}
-
-
-def every_identity(files: TLSFiles, directories: Iterable[str] | str | None) -> Callable[[], dict[str, TLSFiles]]:
-    """A function giving the configured identity (under :data:`~tlsreload_plugins.lastgood.DEFAULT`)
-    and every SNI identity in ``directories`` found when it is called: what a server's parent process
-    keeps the last good of (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`).
-
-    Raises:
-        ValueError: a directory does not exist (now; one removed later gives no SNI identity).
-    """
-    found = resolve_directories(directories)
-
-    def identities() -> dict[str, TLSFiles]:
-        return {DEFAULT: files, **discover(found, files.ca_certs)}
-
-    return identities
 
 
 def host_names(sans: Iterable[str]) -> list[str]:

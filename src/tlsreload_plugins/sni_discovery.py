@@ -1,0 +1,117 @@
+"""Find SNI identities on disk: which directories are configured, which of them (or of their
+subdirectories) hold an identity, and by what name each is served.
+
+A directory is an identity when it holds one of :data:`IDENTITY_FILES` (a Kubernetes TLS Secret, a
+certbot lineage); otherwise its immediate subdirectories are looked at. No certificate is read
+here: serving the identities found is :mod:`tlsreload_plugins.sni`'s. A server's parent process
+uses :func:`every_identity` to keep the last good of each (:mod:`tlsreload_plugins.lastgood`).
+(These names are also importable from :mod:`tlsreload_plugins.sni`, where they were first defined.)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+from .files import TLSFiles
+from .store import DEFAULT
+
+SNI_ENV = "TLSRELOAD_SNI"
+"""Directories of SNI identities, separated by ``os.pathsep`` (``:`` on Unix)."""
+
+IDENTITY_FILES = (("tls.crt", "tls.key"), ("fullchain.pem", "privkey.pem"))
+"""The (certificate, key) file names that make a directory an identity, in order of preference:
+a Kubernetes TLS Secret, a certbot lineage."""
+
+_MARKERS = frozenset(name for pair in IDENTITY_FILES for name in pair) | {"cert.pem", "chain.pem"}
+"""Any of these present keeps an identity alive: certbot relinks its files one at a time."""
+
+
+def resolve_directories(directories: Iterable[str] | str | None = None) -> list[str]:
+    """The SNI directories: ``directories`` if given (a sequence, or one ``os.pathsep``-separated
+    string), else ``$TLSRELOAD_SNI``, else none. Empty entries are dropped.
+
+    Raises:
+        ValueError: a directory does not exist or is not a directory.
+    """
+    if directories is None:
+        directories = os.environ.get(SNI_ENV, "")
+    if isinstance(directories, str):
+        directories = directories.split(os.pathsep)
+    found = [str(d) for d in directories if str(d)]
+    for directory in found:
+        if not os.path.isdir(directory):
+            raise ValueError(f"SNI directory {directory} does not exist or is not a directory")
+    return found
+
+
+def identity_files(directory: str) -> TLSFiles | None:
+    """The certificate and key of the identity ``directory`` is, or ``None`` when it is none."""
+    try:
+        entries = set(os.listdir(directory))
+    except OSError:
+        return None
+    for cert, key in IDENTITY_FILES:
+        if cert in entries or key in entries:
+            return TLSFiles(os.path.join(directory, cert), os.path.join(directory, key))
+    return None
+
+
+def _is_alive(files: TLSFiles) -> bool:
+    directory = os.path.dirname(files.certfile)
+    try:
+        return not _MARKERS.isdisjoint(os.listdir(directory))
+    except OSError:
+        return False
+
+
+def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLSFiles]]:
+    """Every identity in ``directories``, by name, in precedence order, and those left out because
+    an identity found before has the same name."""
+    found: dict[str, TLSFiles] = {}
+    shadowed: list[TLSFiles] = []
+
+    def add(name: str, files: TLSFiles) -> None:
+        if found.setdefault(name, files) is not files:
+            shadowed.append(files)
+
+    for directory in directories:
+        files = identity_files(directory)
+        if files is not None:
+            add(os.path.basename(os.path.normpath(directory)), files)
+            continue
+        try:
+            entries = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(directory, entry)
+            if entry.startswith(".") or not os.path.isdir(path):  # kubelet's ..data, ..2026_...
+                continue
+            files = identity_files(path)
+            if files is not None:
+                add(entry, files)
+    return found, shadowed
+
+
+def discover(directories: Sequence[str], ca_certs: str | None = None) -> dict[str, TLSFiles]:
+    """Every identity in ``directories`` now, by name, each with the server's client-CA bundle
+    ``ca_certs``: the identities an :class:`SNIIdentities` over them would serve."""
+    found, _ = _discover(directories)
+    return {name: TLSFiles(files.certfile, files.keyfile, ca_certs) for name, files in found.items()}
+
+
+def every_identity(files: TLSFiles, directories: Iterable[str] | str | None) -> Callable[[], dict[str, TLSFiles]]:
+    """A function giving the configured identity (under :data:`~tlsreload_plugins.lastgood.DEFAULT`)
+    and every SNI identity in ``directories`` found when it is called: what a server's parent process
+    keeps the last good of (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`).
+
+    Raises:
+        ValueError: a directory does not exist (now; one removed later gives no SNI identity).
+    """
+    found = resolve_directories(directories)
+
+    def identities() -> dict[str, TLSFiles]:
+        return {DEFAULT: files, **discover(found, files.ca_certs)}
+
+    return identities

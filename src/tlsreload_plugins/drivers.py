@@ -1,4 +1,4 @@
-"""Thin drivers that call :meth:`Reloader.check` on an interval: one thread, or one asyncio task.
+"""Thin drivers that call :meth:`Reloader.check` on an interval: a thread, an asyncio task or a trio task.
 
 All the deciding happens in :class:`~tlsreload_plugins.reloader.Reloader`; these only wait. The
 check itself (file I/O, parsing, building a context) never runs on an event loop's thread or on
@@ -162,3 +162,57 @@ class AsyncioDriver:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+class TrioDriver:
+    """Checks ``reloader`` every ``reloader.interval`` seconds from a trio task, each check in a worker
+    thread. Run :meth:`run` as a task; cancelled while a check runs, it waits for that check to end
+    (``to_thread.run_sync`` does not abandon its thread), so no check outlives the loop.
+    """
+
+    def __init__(self, reloader: Reloader) -> None:
+        self.reloader = reloader
+        self._errors_logged: set[str] = set()
+
+    async def run(self) -> None:
+        """Check until cancelled."""
+        trio: Any = importlib.import_module("trio")  # imported only where a trio loop runs
+        log.info("%s", self.reloader.describe())
+        while True:
+            await trio.sleep(self.reloader.interval)
+            await trio.to_thread.run_sync(_tick, self.reloader, self._errors_logged)
+
+
+_started: set[Any] = set()
+"""The asyncio tasks starting a driver: the loop keeps only weak references to its tasks."""
+
+
+def check_from_running_loop(reloader: Reloader) -> AsyncioDriver | TrioDriver | None:
+    """Check ``reloader`` from the event loop running this (synchronous) call, asyncio's or trio's, until
+    that loop ends; ``None`` when no loop runs here. For servers that build their context inside their
+    worker's loop and have no hook to run a task of ours: under trio the task is a system task (trio
+    cancels it when the main task returns, and waits for it); under asyncio the loop cancels it as it
+    shuts down."""
+    asyncio: Any = sys.modules.get("asyncio")  # a running asyncio loop has it imported
+    if asyncio is not None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            driver = AsyncioDriver(reloader)
+            task = loop.create_task(driver.start())  # start() never suspends
+            _started.add(task)
+            task.add_done_callback(_started.discard)
+            return driver
+    trio: Any = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            pass
+        else:
+            trio_driver = TrioDriver(reloader)
+            trio.lowlevel.spawn_system_task(trio_driver.run, name="tlsreload")
+            return trio_driver
+    return None

@@ -31,21 +31,17 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import ssl
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TypeVar
 
 from .identity import (
     InvalidIdentity,
     Leaf,
     Password,
-    ReloadError,
     Snapshot,
     TLSFiles,
     fingerprint,
@@ -81,8 +77,6 @@ from .store import shared_with_spawned_processes as shared_with_spawned_processe
 log = logging.getLogger("tlsreload_plugins.lastgood")
 
 RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
-Stop = Callable[[], bool]
-T = TypeVar("T")
 """Builds the server's context exactly as it does from its configured files, but from ``files``."""
 
 
@@ -259,38 +253,3 @@ def _keep_if_valid(files: TLSFiles, password: Password, store: SharedStore, name
         f" for SNI identity {name}" if name else "",
     )
     return current
-
-
-@contextlib.contextmanager
-def stop_signals_noted(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)) -> Iterator[Stop]:
-    """Note a stop request while a process waits for usable files, before the server's own signal
-    handlers can act on one (an event loop that does not run yet, a flag nobody reads); yields a
-    function that tells whether one arrived. The handlers only set a flag: a lock taken in a signal
-    handler (``threading.Event.set``) may be the one the interrupted code holds."""
-    requested: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    previous = {sig: signal.signal(sig, lambda signum, frame: requested.append(signum)) for sig in signals}
-    try:
-        yield lambda: bool(requested)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
-def retry_until_usable(
-    attempt: Callable[[], T], *, every: float, stop: Stop, between: Callable[[], object] = lambda: None
-) -> T | None:
-    """Call ``attempt`` every ``every`` seconds until it returns (its result) or ``stop()`` is true
-    (``None``); a :class:`~tlsreload_plugins.ReloadError` from it means "not yet". ``between`` runs
-    before each wait (a gunicorn worker tells its arbiter it is alive)."""
-    while True:
-        between()
-        time.sleep(every)
-        if stop():
-            return None
-        try:
-            return attempt()
-        except ReloadError:
-            continue

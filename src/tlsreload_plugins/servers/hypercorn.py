@@ -48,31 +48,22 @@ import os
 import signal
 import ssl
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hypercorn.config import Config
 
-from .. import metrics, sni
-from ..drivers import AsyncioDriver
-from ..identity import InvalidIdentity, Password, ReloadError, TLSFiles, password_text
-from ..lastgood import LastGood, SharedStore, keep_newest_valid
-from ..reloader import (
-    INTERVAL_ENV,
-    Recipe,
-    Reloader,
-    load_identity,
-    resolve_expiry_warning_days,
-    resolve_interval,
-    resolve_password,
-)
+from .. import logs, metrics, sni
+from ..drivers import AsyncioDriver, TrioDriver, check_from_running_loop
+from ..identity import InvalidIdentity, Password, TLSFiles, password_text
+from ..lastgood import SharedStore
+from ..reloader import INTERVAL_ENV, Recipe, Reloader, resolve_expiry_warning_days, resolve_interval, resolve_password
+from ..serving import CannotServe, Settings, Waiting, check_at_start, keep_for_workers, start_reloader
 
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
 
 if TYPE_CHECKING:
     import argparse  # the command line's: not imported in the worker processes, which import this module too
-    import asyncio  # a trio worker has no use for it (about 2 MiB)
 
 log = logging.getLogger("tlsreload_plugins.hypercorn")
 
@@ -81,8 +72,7 @@ STARTUP_FAILURE = 1
 
 # -- the reloaders of this process ---------------------------------------------------------
 # One per create_ssl_context() call: one per worker process, or per serve() call.
-_drivers: dict[Reloader, AsyncioDriver | _TrioDriver] = {}
-_starting: set[asyncio.Task[AsyncioDriver]] = set()
+_drivers: dict[Reloader, AsyncioDriver | TrioDriver] = {}
 
 
 def reloaders() -> list[Reloader]:
@@ -133,44 +123,40 @@ class ReloadingConfig(Config):
         """
         if not self.ssl_enabled:
             return super().create_ssl_context()
-        _route_logs(self.log)
-        start_checks = _checker_for_this_loop()
+        logs.forward_to(getattr(self.log, "error_logger", None))
         self._refuse_quic()
         password = resolve_password(self.keyfile_password)
-        files = self._files()
-        last_good = LastGood(self._last_good(), lambda other: self._recipe(password, other)())
-
-        def attempt() -> Reloader:
-            # The one place this module makes a Reloader.
-            return Reloader(
-                files.certfile,
-                files.keyfile,
-                recipe=self._recipe(password),
-                ca_certs=files.ca_certs,
+        stopping = _hypercorn_shutdown_event()
+        # A worker hypercorn started waits for usable files rather than exit non-zero, on which hypercorn's
+        # parent stops the whole server; it leaves when hypercorn stops its workers, or on SIGTERM.
+        waiting = Waiting(
+            leave=_leave_now,
+            every=resolve_interval(self.tls_reload_interval),
+            signals=(signal.SIGTERM,),
+            stopped=stopping.is_set if stopping is not None else lambda: False,
+        )
+        try:
+            reloader = start_reloader(
+                self._files(),
+                self._recipe(password),
+                lambda other: self._recipe(password, other)(),
                 password=password,
-                interval=self.tls_reload_interval,
-                last_good=last_good,
+                settings=self._settings(),
+                store=self._last_good(),
+                waiting=waiting if stopping is not None else None,
             )
-
-        try:
-            reloader = attempt()
-        except ValueError as e:  # a bad interval or expiry setting
-            _startup_failure("cannot serve TLS: %s", e)
-        except ReloadError as e:
-            stopping = _hypercorn_shutdown_event()
-            if stopping is None or last_good.store.read() is None:  # not a worker, or nothing was ever valid
-                _startup_failure("cannot serve TLS: %s", e)
-            reloader = _wait_for_usable_files(attempt, e, stopping, resolve_interval(self.tls_reload_interval))
-        try:
-            if metrics.wanted(self.tls_metrics):
-                metrics.observe(reloader)
-        except ValueError as e:  # a bad $TLSRELOAD_METRICS
-            _startup_failure("cannot serve TLS: %s", e)
-        try:
-            sni.attach_from_settings(reloader, self.tls_sni, lambda other: self._recipe(password, other)())
-        except ValueError as e:  # a directory that does not exist
-            _startup_failure("cannot serve TLS: %s", e)
-        start_checks(reloader)
+        except (CannotServe, ValueError) as e:  # ValueError: a bad interval
+            _startup_failure("%s", e if isinstance(e, CannotServe) else f"cannot serve TLS: {e}")
+        driver = check_from_running_loop(reloader)
+        if driver is None:
+            # hypercorn has always built the context inside its worker's loop; if a new version does
+            # not, nothing would ever check the files: refuse rather than serve a frozen certificate.
+            _startup_failure(
+                "create_ssl_context() was called outside a running asyncio or trio loop (hypercorn %s), so "
+                "nothing could check the certificate files; tlsreload does not support this hypercorn",
+                _hypercorn_version(),
+            )
+        _drivers[reloader] = driver
         return reloader.context
 
     def check_tls_files(self) -> None:
@@ -180,21 +166,19 @@ class ReloadingConfig(Config):
         when they are not; warns when no certificate is configured. The drop-in command calls it
         once before starting workers.
         """
-        _route_logs(self.logger_class(self))  # not self.log: that would be pickled to the workers
+        logs.forward_to(getattr(self.logger_class(self), "error_logger", None))  # not self.log: pickled to workers
         if not self.ssl_enabled:
             log.warning("no --certfile and --keyfile given: serving without TLS, nothing to reload")
             return
         self._refuse_quic()
         password = resolve_password(self.keyfile_password)
         try:
-            resolve_interval(self.tls_reload_interval)
-            resolve_expiry_warning_days()
-            metrics.wanted(self.tls_metrics)
-            sni.resolve_directories(self.tls_sni)
-            snapshot, leaf, _ = load_identity(self._files(), self._recipe(password), password)
-        except (ReloadError, ValueError) as e:
-            _startup_failure("cannot serve TLS: %s", e)
-        self._last_good().write(snapshot, leaf=leaf)
+            check_at_start(self._files(), self._recipe(password), password, self._settings(), self._last_good())
+        except CannotServe as e:
+            _startup_failure("%s", e)
+
+    def _settings(self) -> Settings:
+        return Settings(self.tls_reload_interval, self.tls_sni, self.tls_metrics)
 
     def _files(self) -> TLSFiles:
         return TLSFiles(str(self.certfile), str(self.keyfile), str(self.ca_certs) if self.ca_certs else None)
@@ -236,9 +220,6 @@ class ReloadingConfig(Config):
 
 # -- a worker with nothing valid to serve --------------------------------------------------
 
-_POLL = 0.1
-"""Seconds between looks at hypercorn's shutdown event while waiting (hypercorn's workers poll it as often)."""
-
 
 def _hypercorn_shutdown_event() -> Any | None:
     """The event hypercorn's parent sets to stop its workers (SIGHUP, ``--reload``, shutdown), or ``None``
@@ -250,155 +231,13 @@ def _hypercorn_shutdown_event() -> Any | None:
     return event if callable(getattr(event, "is_set", None)) else None
 
 
-def _wait_for_usable_files(
-    attempt: Callable[[], Reloader], error: ReloadError, stopping: Any, every: float
-) -> Reloader:
-    """Try ``attempt`` every ``every`` seconds without serving (a sibling takes the connections), rather than
-    exit non-zero, on which hypercorn's parent stops the whole server. Leaves with status 0 when hypercorn
-    stops its workers (``stopping`` is set) or on SIGTERM."""
-    pid = os.getpid()
-    log.error("worker %s cannot load the TLS files and waits for usable ones before serving: %s", pid, error)
-    terminated = False
-
-    def on_sigterm(signum: int, frame: object) -> None:
-        # Only a flag: a lock taken here (threading.Event.set) could be the one the interrupted code holds.
-        nonlocal terminated
-        terminated = True
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    next_try = time.monotonic() + every
-    while True:
-        time.sleep(_POLL)
-        if terminated or stopping.is_set():
-            break
-        if time.monotonic() < next_try:
-            continue
-        next_try = time.monotonic() + every
-        try:
-            reloader = attempt()
-        except ReloadError:
-            continue
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        log.info("worker %s: the TLS files are usable again; serving", pid)
-        return reloader
-    # on_sigterm stays: as it stops, hypercorn's parent sends SIGTERM to the workers still running.
-    log.info("worker %s stops without having served", pid)
+def _leave_now() -> NoReturn:
     # Not sys.exit(): under trio, hypercorn's nurseries turn SystemExit into an exception group, status 1.
     # The app's lifespan shutdown does not run (its start-up did: hypercorn builds the context after it).
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-# -- checking from the worker's loop -------------------------------------------------------
-
-
-def _checker_for_this_loop() -> Callable[[Reloader], None]:
-    """How to check a reloader from the event loop running this call, asyncio's or trio's."""
-    asyncio = sys.modules.get("asyncio")  # a running asyncio loop has it imported
-    if asyncio is not None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            return functools.partial(_start_asyncio, loop)
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            pass
-        else:
-            return _start_trio
-    # hypercorn has always built the context inside its worker's loop; if a new version does
-    # not, nothing would ever check the files: refuse rather than serve a frozen certificate.
-    hypercorn_version = _hypercorn_version()
-    _startup_failure(
-        "create_ssl_context() was called outside a running asyncio or trio loop (hypercorn %s), so "
-        "nothing could check the certificate files; tlsreload does not support this hypercorn",
-        hypercorn_version,
-    )
-
-
-def _start_asyncio(loop: asyncio.AbstractEventLoop, reloader: Reloader) -> None:
-    driver = AsyncioDriver(reloader)
-    _drivers[reloader] = driver
-    # start() never suspends; the task it creates is cancelled when the loop shuts down.
-    task = loop.create_task(driver.start())
-    _starting.add(task)
-    task.add_done_callback(_starting.discard)
-
-
-def _start_trio(reloader: Reloader) -> None:
-    import trio
-
-    driver = _TrioDriver(reloader)
-    _drivers[reloader] = driver
-    # A system task: create_ssl_context() has no nursery to hand. trio cancels it when the main
-    # task (trio.run's, hypercorn's worker) returns, and waits for it.
-    trio.lowlevel.spawn_system_task(driver.run, name="tlsreload")
-
-
-class _TrioDriver:
-    """Checks ``reloader`` every ``reloader.interval`` seconds from a trio task, in a worker thread.
-
-    Cancelled while a check runs, it waits for that check to end (``to_thread.run_sync`` does not
-    abandon its thread), so no check outlives the loop.
-    """
-
-    def __init__(self, reloader: Reloader) -> None:
-        self.reloader = reloader
-        self._errors_logged: set[str] = set()
-
-    async def run(self) -> None:
-        import trio
-
-        log.info("%s", self.reloader.describe())
-        while True:
-            await trio.sleep(self.reloader.interval)
-            await trio.to_thread.run_sync(self._check)
-
-    def _check(self) -> None:
-        # A bug must not end the task (in a system task it would crash trio): log each distinct error
-        # once and keep checking, as the asyncio driver does.
-        try:
-            self.reloader.check()
-        except Exception as e:
-            if repr(e) not in self._errors_logged:
-                self._errors_logged.add(repr(e))
-                log.exception("unexpected error while checking %s; will keep checking", self.reloader.files.describe())
-
-
-# -- logs ----------------------------------------------------------------------------------
-
-
-class _ToHypercorn(logging.Handler):
-    def __init__(self, error_log: logging.Logger) -> None:
-        super().__init__()
-        self.error_log = error_log
-
-    def emit(self, record: logging.LogRecord) -> None:
-        # hypercorn's format shows no logger name: say whose line it is.
-        record = copy.copy(record)
-        record.msg = f"tlsreload: {record.msg}"
-        self.error_log.handle(record)
-
-
-def _route_logs(hypercorn_logger: Any) -> None:
-    """Show tlsreload's lines in hypercorn's error log: its handlers, its format, its --log-level.
-
-    Left alone when the application configured logging itself (a handler on the root logger or on
-    ``tlsreload_plugins``), or when hypercorn's error log is off: the lines then go where logging says.
-    """
-    error_log = getattr(hypercorn_logger, "error_logger", None)
-    ours = logging.getLogger("tlsreload_plugins")
-    if not isinstance(error_log, logging.Logger) or ours.handlers or logging.getLogger().handlers:
-        return
-    ours.addHandler(_ToHypercorn(error_log))
-    ours.setLevel(error_log.getEffectiveLevel())
-    ours.propagate = False
 
 
 # -- the drop-in command -------------------------------------------------------------------
@@ -420,9 +259,7 @@ def _serve(
     if reloading.ssl_enabled and reloading.workers > 0:
         # hypercorn starts workers later too (SIGHUP, --reload): each gets the newest valid pair seen here.
         password = resolve_password(reloading.keyfile_password)
-        every = resolve_interval(reloading.tls_reload_interval)
-        identities = sni.every_identity(reloading._files(), reloading.tls_sni)
-        keep_newest_valid(identities, password, reloading._last_good(), every)
+        keep_for_workers(reloading._files(), password, reloading._settings(), reloading._last_good())
     import hypercorn.run
 
     return hypercorn.run.run(reloading)
@@ -484,7 +321,7 @@ def main(args: Sequence[str] | None = None) -> None:
     # `run`: run that very command with ours in its place, so every option keeps its meaning.
     if cli.run is not hypercorn.run.run or "run" not in cli.main.__code__.co_names:
         default = Config()
-        _route_logs(default.logger_class(default))
+        logs.forward_to(getattr(default.logger_class(default), "error_logger", None))
         _startup_failure(
             "tlsreload-hypercorn does not know how this hypercorn (%s) starts its server: "
             "hypercorn.__main__.main no longer hands its Config to hypercorn.run.run",

@@ -26,7 +26,6 @@ line of ``$TLSRELOAD_KEY_PASSWORD_FILE``, read again on every reload (not visibl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import functools
 import inspect
@@ -35,21 +34,16 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+import types
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import __version__, metrics, sni
-from ..drivers import AsyncioDriver
-from ..identity import InvalidIdentity, TLSFiles, password_text, read_files, validate
-from ..lastgood import LastGood, SharedStore, keep_newest_valid, retry_until_usable, stop_signals_noted
-from ..reloader import (
-    INTERVAL_ENV,
-    MIN_INTERVAL,
-    Reloader,
-    resolve_expiry_warning_days,
-    resolve_interval,
-    resolve_password,
-)
+from .. import __version__, lifespan, logs, metrics, sni
+from ..identity import Password, TLSFiles, password_text
+from ..lastgood import RecipeFor, SharedStore
+from ..lifespan import TLSReloadLifespan, reloaders, reloading_certificates
+from ..reloader import INTERVAL_ENV, MIN_INTERVAL, Reloader, resolve_password
+from ..serving import CannotServe, Settings, Waiting, check_at_start, keep_for_workers, start_reloader
 
 if TYPE_CHECKING:  # uvicorn and click are the [uvicorn] extra: imported where used, so that a missing
     import click  # extra is one clear line, not a ModuleNotFoundError from this module's import
@@ -67,12 +61,6 @@ __all__ = [
 
 log = logging.getLogger("tlsreload_plugins.uvicorn")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 STARTUP_FAILURE = 3
 """Exit status when the certificate files or settings are not usable at start-up: uvicorn's own
 (``uvicorn.main.STARTUP_FAILURE``; uvicorn >= 0.50 also has ``uvicorn.config.STARTUP_FAILURE``)."""
@@ -81,55 +69,17 @@ LIFESPAN_GRACE = 30.0
 """Seconds after start-up after which a reloader that no lifespan is checking gets checked anyway
 (with a warning): the app was not wrapped with :class:`TLSReloadLifespan`."""
 
-RETRY_DELAY = 0.5
-"""Seconds between tries of a replacement process that has nothing valid to serve yet."""
 
-_LIFESPAN_ENDS = frozenset({"lifespan.startup.failed", "lifespan.shutdown.complete", "lifespan.shutdown.failed"})
-
-# -- the reloaders of this process ---------------------------------------------------------
-# uvicorn's lifespan scope carries no reference to the config or server: the factory leaves
-# each reloader here and the lifespan extension picks them up. Each value is the driver that
-# checks the reloader, or None while nothing does.
-_drivers: dict[Reloader, AsyncioDriver | None] = {}
-_said_nothing_to_reload = False
+def _route_logs() -> None:
+    logs.forward_to(logging.getLogger("uvicorn.error"))
 
 
-def reloaders() -> list[Reloader]:
-    """The reloaders :func:`reloading_ssl_context` made in this process (for health checks, metrics)."""
-    return list(_drivers)
-
-
-def _claim() -> list[AsyncioDriver]:
-    """A driver for every registered reloader nothing checks yet (not started)."""
-    global _said_nothing_to_reload
-    _route_logs()
-    if not _drivers and not _said_nothing_to_reload:
-        _said_nothing_to_reload = True
-        log.warning(
-            "no reloading TLS context in this process, nothing to reload: give uvicorn "
-            "ssl_context_factory=tlsreload_plugins.uvicorn.reloading_ssl_context (tlsreload-uvicorn does) "
-            "and an --ssl-certfile"
-        )
-    claimed = [AsyncioDriver(reloader) for reloader, driver in _drivers.items() if driver is None]
-    for driver in claimed:
-        _drivers[driver.reloader] = driver
-    return claimed
-
-
-def _check_until_exit(level: int, why: str) -> None:
-    """Check every unchecked reloader from the running loop until it closes (uvicorn cancels it at exit)."""
-    loop = asyncio.get_running_loop()
-    for driver in _claim():
-        log.log(
-            level, "%s: checking %s from the event loop until the process exits", why, driver.reloader.files.describe()
-        )
-        # start() never suspends: the loop's ready queue holds this task until it has run.
-        loop.create_task(driver.start())  # noqa: RUF006
+lifespan.route_logs = _route_logs
 
 
 def _check_if_forgotten(reloader: Reloader) -> None:
-    if _drivers.get(reloader, False) is None:
-        _check_until_exit(
+    if lifespan.unchecked(reloader):
+        lifespan.check_until_exit(
             logging.WARNING,
             f"no TLSReloadLifespan or reloading_certificates() started within {LIFESPAN_GRACE:g}s of start-up "
             "(wrap the app to tie checks to its lifespan)",
@@ -160,7 +110,7 @@ def reloading_ssl_context(
     ``$TLSRELOAD_METRICS``, else off), see :mod:`tlsreload_plugins.metrics`.
     """
     reloader = _new_reloader(config, default_factory, interval, sni_directories=sni, metrics_setting=metrics)
-    _drivers[reloader] = None
+    lifespan.register(reloader)
     _arrange_checks(config, reloader)
     return reloader.context
 
@@ -176,14 +126,13 @@ def _drop_in_ssl_context(
 ) -> ssl.SSLContext:
     """The factory of ``tlsreload-uvicorn``: as :func:`reloading_ssl_context`, checking from the server's
     event loop (uvicorn calls it there, in each serving process) until the process exits, so that the
-    app needs no lifespan extension. ``last_good`` travels with the factory into each process uvicorn's
-    supervisor starts: the parent's :class:`~tlsreload_plugins.lastgood.SharedStore`, which the parent
-    keeps current and every child shares. A child takes the parent's verdict on new files instead of
-    parsing them itself; one started while the files are broken serves the newest valid identity kept
-    there (or, when it expired, waits for usable files instead of exiting with :data:`STARTUP_FAILURE`,
-    on which uvicorn's supervisor stops the whole server)."""
+    app needs no lifespan extension. ``last_good``, the parent's store, travels with the factory into
+    each process uvicorn's supervisor starts: a child takes the parent's verdict on new files, and one
+    started while the files are broken serves the newest valid identity kept there (or, when it expired,
+    waits for usable files instead of exiting with :data:`STARTUP_FAILURE`, on which uvicorn's supervisor
+    stops the whole server)."""
     reloader = _new_reloader(config, default_factory, interval, last_good, sni, metrics)
-    _drivers[reloader] = None
+    lifespan.register(reloader)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -191,8 +140,32 @@ def _drop_in_ssl_context(
             "uvicorn built its TLS context outside its event loop: %s will NOT be reloaded", reloader.files.describe()
         )
         return reloader.context
-    _check_until_exit(logging.DEBUG, "tlsreload-uvicorn")
+    lifespan.check_until_exit(logging.DEBUG, "tlsreload-uvicorn")
     return reloader.context
+
+
+def recipe_for_config(config: Any, password: Password) -> RecipeFor:
+    """uvicorn's default factory (uvicorn/config.py, ``Config.load``) aimed at other files."""
+
+    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
+        from uvicorn.config import create_ssl_context
+
+        return create_ssl_context(
+            keyfile=files.keyfile,
+            certfile=files.certfile,
+            password=password_text(password) if password is not None else config.ssl_keyfile_password,
+            ssl_version=config.ssl_version,
+            cert_reqs=config.ssl_cert_reqs,
+            ca_certs=files.ca_certs,
+            ciphers=config.ssl_ciphers,
+        )
+
+    return recipe_for
+
+
+def _files(config: Any) -> TLSFiles:
+    certfile, keyfile, ca_certs = config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs
+    return TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(ca_certs) if ca_certs else None)
 
 
 def _new_reloader(
@@ -216,61 +189,22 @@ def _new_reloader(
             config.ssl_keyfile_password = password_text(password)
             return default_factory()
 
-    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
-        from uvicorn.config import create_ssl_context
-
-        # uvicorn's default factory (uvicorn/config.py, Config.load), on other files.
-        return create_ssl_context(
-            keyfile=files.keyfile,
-            certfile=files.certfile,
-            password=password_text(password) if password is not None else None,
-            ssl_version=config.ssl_version,
-            cert_reqs=config.ssl_cert_reqs,
-            ca_certs=files.ca_certs,
-            ciphers=config.ssl_ciphers,
-        )
-
-    def attempt() -> Reloader:
-        return Reloader(
-            str(config.ssl_certfile),
-            str(config.ssl_keyfile) if config.ssl_keyfile else None,
-            recipe=recipe,
-            ca_certs=str(config.ssl_ca_certs) if config.ssl_ca_certs else None,
+    # A process uvicorn's supervisor replaces waits for usable files, answering its health checks (its
+    # own thread does) and leaving at SIGTERM, rather than exit with the start-up failure code.
+    waiting = Waiting(leave=lambda: sys.exit(0), signals=(signal.SIGTERM, signal.SIGINT))
+    settings = Settings(interval, sni_directories, metrics_setting)
+    try:
+        return start_reloader(
+            _files(config),
+            recipe,
+            recipe_for_config(config, password),
             password=password,
-            interval=interval,
-            last_good=LastGood(last_good, recipe_for) if last_good is not None else None,
+            settings=settings,
+            store=last_good,
+            waiting=waiting if last_good is not None else None,
         )
-
-    try:
-        reloader = attempt()
-    except ValueError as e:  # a bad $TLSRELOAD_INTERVAL or expiry setting
-        _startup_failure(f"cannot serve TLS: {e}")
-    except InvalidIdentity as e:
-        if last_good is None or last_good.read() is None:  # the server's very first start
-            _startup_failure(f"cannot serve TLS: {e}")
-        reloader = _wait_for_usable_files(attempt, e)
-    try:
-        if metrics.wanted(metrics_setting):
-            metrics.observe(reloader)
-    except ValueError as e:  # a bad $TLSRELOAD_METRICS
-        _startup_failure(f"cannot serve TLS: {e}")
-    try:
-        sni.attach_from_settings(reloader, sni_directories, recipe_for)
-    except ValueError as e:  # a directory that does not exist
-        _startup_failure(f"cannot serve TLS: {e}")
-    return reloader
-
-
-def _wait_for_usable_files(attempt: Callable[[], Reloader], error: InvalidIdentity) -> Reloader:
-    """A replacement process with nothing to serve: wait, answering uvicorn's health checks (its own
-    thread does) and leaving at SIGTERM, rather than exit with the start-up failure code."""
-    log.error("process %s cannot load the TLS files and waits for usable ones before serving: %s", os.getpid(), error)
-    with stop_signals_noted((signal.SIGTERM, signal.SIGINT)) as stopping:
-        reloader = retry_until_usable(attempt, every=RETRY_DELAY, stop=stopping)
-    if reloader is None:
-        sys.exit(0)
-    log.info("process %s: the TLS files are usable again; serving", os.getpid())
-    return reloader
+    except CannotServe as e:
+        _startup_failure(str(e))
 
 
 def _startup_failure(message: str) -> NoReturn:
@@ -287,103 +221,78 @@ def _arrange_checks(config: uvicorn.Config, reloader: Reloader) -> None:
             log.warning("lifespan is off and no event loop runs yet: %s will NOT be reloaded", files)
         return
     if config.lifespan == "off":
-        _check_until_exit(logging.WARNING, "lifespan is off, so checks cannot follow the app's lifespan")
+        lifespan.check_until_exit(logging.WARNING, "lifespan is off, so checks cannot follow the app's lifespan")
     else:
         loop.call_later(LIFESPAN_GRACE, _check_if_forgotten, reloader)
 
 
-# -- the lifespan extension ----------------------------------------------------------------
+# -- inside gunicorn: uvicorn_worker.UvicornWorker ------------------------------------------
+# It builds its uvicorn.Config from gunicorn's settings plus the class's CONFIG_KWARGS (its documented
+# way to pass more) and never calls gunicorn's ssl_context hook: the factory goes there.
+
+_in_gunicorn: tuple[int, Any, Callable[..., ssl.SSLContext], Callable[..., Reloader]] | None = None
+"""This worker's pid, gunicorn worker, the user's ``ssl_context`` hook and the gunicorn glue's ``serve``."""
 
 
-@contextlib.asynccontextmanager
-async def reloading_certificates() -> AsyncIterator[list[Reloader]]:
-    """Check this process's reloaders while the block runs; yields the ones it checks.
+def prepare_gunicorn_worker_class(worker_class: Any, name: str) -> None:
+    """Add the reloading ``ssl_context_factory`` to a ``UvicornWorker`` class's ``CONFIG_KWARGS``.
 
-    For an app's own lifespan, entered first so checks start before slow start-up work::
-
-        @contextlib.asynccontextmanager
-        async def lifespan(app):
-            async with reloading_certificates():
-                ...  # the app's own start-up
-                yield
-                ...  # the app's own shutdown
+    Raises:
+        ValueError: that way is gone (no ``CONFIG_KWARGS``, or a uvicorn without ``ssl_context_factory``).
     """
-    drivers = _claim()
-    try:
-        for driver in drivers:
-            await driver.start()
-        yield [driver.reloader for driver in drivers]
-    finally:
-        for driver in drivers:
-            await driver.stop()
-            del _drivers[driver.reloader]
-            log.debug("stopped checking %s", driver.reloader.files.describe())
+    import uvicorn
+
+    kwargs = getattr(worker_class, "CONFIG_KWARGS", None)
+    if not isinstance(kwargs, dict):
+        raise ValueError(
+            f"the worker class {name} has no CONFIG_KWARGS (uvicorn-worker's way to configure "
+            "uvicorn): certificates cannot be reloaded with this version"
+        )
+    if "ssl_context_factory" not in inspect.signature(uvicorn.Config).parameters:
+        raise ValueError(
+            f"uvicorn {uvicorn.__version__} has no Config(ssl_context_factory=...): upgrade to uvicorn 0.47 or newer"
+        )
+    worker_class.CONFIG_KWARGS = {**kwargs, "ssl_context_factory": _gunicorn_worker_context}
 
 
-class TLSReloadLifespan:
-    """ASGI middleware: checks certificates from lifespan start-up until lifespan shutdown.
-
-    Works around any ASGI app, and composes with its own lifespan: checks start when the server
-    sends ``lifespan.startup`` (before the app's own start-up) and stop just before the app's
-    ``lifespan.shutdown.complete`` reaches the server. Other scopes pass straight through.
-    ``app = TLSReloadLifespan(app)`` or, for Starlette and FastAPI,
-    ``app.add_middleware(TLSReloadLifespan)``.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-        async with contextlib.AsyncExitStack() as checking:
-            started = False
-
-            async def on_receive() -> Message:
-                nonlocal started
-                message = await receive()
-                if message["type"] == "lifespan.startup" and not started:
-                    started = True
-                    await checking.enter_async_context(reloading_certificates())
-                return message
-
-            async def on_send(message: Message) -> None:
-                if message["type"] in _LIFESPAN_ENDS:
-                    await checking.aclose()
-                await send(message)
-
-            try:
-                await self.app(scope, on_receive, on_send)
-            except Exception:
-                if not started:  # uvicorn's 'auto' lifespan serves on without one
-                    _check_until_exit(logging.INFO, "the app does not support the ASGI lifespan protocol")
-                raise
+def in_gunicorn_worker(
+    worker: Any, user_ssl_context: Callable[..., ssl.SSLContext], serve: Callable[..., Reloader]
+) -> None:
+    """In a ``UvicornWorker`` (its ``post_worker_init``): check that the factory reached uvicorn's Config
+    (read through the worker's undocumented ``config``; stop the worker when it did not), and leave what
+    it needs. ``serve(recipe, recipe_for)`` makes and drives the worker's reloader."""
+    global _in_gunicorn
+    if getattr(getattr(worker, "config", None), "ssl_context_factory", None) is not _gunicorn_worker_context:
+        log.error(
+            "%s did not hand tlsreload's ssl_context_factory to uvicorn (CONFIG_KWARGS): this worker "
+            "would never reload its certificate; stopping",
+            type(worker).__name__,
+        )
+        sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR: the arbiter stops with "Worker failed to boot."
+    _in_gunicorn = (os.getpid(), worker, user_ssl_context, serve)
 
 
-# -- logs ----------------------------------------------------------------------------------
+def _gunicorn_worker_context(config: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """The ``ssl_context_factory`` of a ``UvicornWorker``'s uvicorn: the user's gunicorn ``ssl_context`` hook
+    applied to uvicorn's default factory, reloading."""
+    if _in_gunicorn is None or _in_gunicorn[0] != os.getpid():
+        log.error("tlsreload's post_worker_init did not run in this worker: its certificate will NOT be reloaded")
+        return default_factory()
+    from . import gunicorn
 
+    _, worker, user_ssl_context, serve = _in_gunicorn
+    password = resolve_password(None)
+    uvicorn_recipe_for = recipe_for_config(config, password)
 
-class _ToUvicorn(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        # uvicorn's format shows no logger name: say whose line it is.
-        record = copy.copy(record)
-        record.msg = f"tlsreload: {record.msg}"
-        logging.getLogger("uvicorn.error").handle(record)
+    def recipe() -> ssl.SSLContext:
+        if password is not None:  # uvicorn's default factory reads it from the Config on every call
+            config.ssl_keyfile_password = password_text(password)
+        return user_ssl_context(worker.cfg, default_factory)
 
+    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
+        return user_ssl_context(gunicorn.with_files(worker.cfg, files), lambda: uvicorn_recipe_for(files))
 
-def _route_logs() -> None:
-    """Show tlsreload's lines as uvicorn shows its own: its handlers, its format, its --log-level.
-
-    Left alone when the application configured logging itself (a handler on the root logger or on
-    ``tlsreload_plugins``): the lines then go where it said.
-    """
-    ours = logging.getLogger("tlsreload_plugins")
-    if ours.handlers or logging.getLogger().handlers:
-        return
-    ours.addHandler(_ToUvicorn())
-    ours.setLevel(logging.getLogger("uvicorn.error").getEffectiveLevel())
-    ours.propagate = False
+    return serve(recipe, recipe_for).context
 
 
 # -- the drop-in command -------------------------------------------------------------------
@@ -409,12 +318,10 @@ def _run(
     logging_options = ("env_file", "log_config", "log_level", "use_colors")
     uvicorn.Config(kwargs["app"], **{name: kwargs[name] for name in logging_options if name in kwargs})
     _route_logs()
+    settings = Settings(tls_reload_interval, tls_sni or None, tls_metrics or None)
     try:
-        resolve_interval(tls_reload_interval)
-        resolve_expiry_warning_days()
+        settings.check()
         password = resolve_password(options.get("ssl_keyfile_password"))
-        sni.resolve_directories(tls_sni or None)
-        metrics.wanted(tls_metrics or None)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if not options.get("ssl_certfile"):
@@ -422,22 +329,17 @@ def _run(
         uvicorn.run(**kwargs)
         return
     # Fail here, once, rather than in every worker.
-    files = TLSFiles(
-        str(options["ssl_certfile"]),
-        str(options["ssl_keyfile"]) if options.get("ssl_keyfile") else None,
-        str(options["ssl_ca_certs"]) if options.get("ssl_ca_certs") else None,
-    )
+    parameters = inspect.signature(uvicorn.Config).parameters.items()
+    config = types.SimpleNamespace(**{k: p.default for k, p in parameters if k.startswith("ssl_")})
+    vars(config).update((k, v) for k, v in kwargs.items() if k.startswith("ssl_"))
+    files, store = _files(config), SharedStore()
     try:
-        snapshot = read_files(files)
-        leaf = validate(snapshot, password)
-    except InvalidIdentity as e:
-        _startup_failure(f"cannot serve TLS: {e}")
-    store = SharedStore()
-    store.write(snapshot, leaf=leaf)
+        check_at_start(files, lambda: recipe_for_config(config, password)(files), password, settings, store)
+    except CannotServe as e:
+        _startup_failure(str(e))
     workers = kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     if workers > 1 or kwargs.get("reload"):  # a supervisor that starts serving processes later
-        identities = sni.every_identity(files, tls_sni or None)
-        keep_newest_valid(identities, password, store, resolve_interval(tls_reload_interval))
+        keep_for_workers(files, password, settings, store)
     factory = functools.partial(
         _drop_in_ssl_context,
         interval=tls_reload_interval,

@@ -23,12 +23,12 @@ from gunicorn_apps import Receive, Send
 
 
 def reloaders() -> list[Any]:
-    """The reloaders serving TLS in this process, from whichever adapter runs it."""
+    """The reloaders serving TLS in this process, from whichever server's glue runs it (every glue module
+    in ``tlsreload_plugins.servers`` has ``reloaders()``)."""
     found: list[Any] = []
-    for name in ("uvicorn", "gunicorn", "hypercorn"):
-        adapter = sys.modules.get(f"tlsreload_plugins.{name}")
-        if adapter is not None:
-            found.extend(reloader for reloader in adapter.reloaders() if reloader not in found)
+    for name, glue in list(sys.modules.items()):
+        if name.startswith("tlsreload_plugins.servers.") and hasattr(glue, "reloaders"):
+            found.extend(reloader for reloader in glue.reloaders() if reloader not in found)
     return found
 
 

@@ -31,17 +31,16 @@ import pytest
 import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
+import server_kinds
 from hostile import FILE_OF_CASE, HOSTILE, place_good
-from test_gunicorn import ASGI_WORKERS, DROP_IN, UVICORN, WAITING, fetch, gunicorn, wait_every_worker
-from test_hypercorn import drop_in as hypercorn_drop_in
-from test_uvicorn import drop_in
+from test_gunicorn import WAITING, fetch, wait_every_worker
 from tlstest import Hammer, RenameEachLayout, Server, client_context, free_port, handshake, run_server, wait_until
 
 T = TypeVar("T")
 
 TESTS = Path(__file__).parent
 INTERVAL = "0.3"
-WORKERS = 2
+WORKERS = server_kinds.WORKERS
 REPORT_DEADLINE = 15.0
 """Seconds for every worker to report a hostile file (two checks settle it: about 0.6 s)."""
 RELOAD_DEADLINE = 10.0
@@ -58,8 +57,7 @@ DATA_LIMIT = 2 * 1024**3
 FAILED = "certificate reload failed"
 FAILED_TO_BOOT = "Worker failed to boot"
 
-GUNICORN_CLASSES = ["sync", "gthread", "gevent", "asgi", UVICORN]
-SERVERS = [*GUNICORN_CLASSES, "tlsreload-uvicorn", "tlsreload-hypercorn"]
+SERVERS = list(server_kinds.KINDS)
 CASES = list(HOSTILE)
 
 # Caps the data segment, then runs the rest of the command line with this Python (limits survive exec).
@@ -87,14 +85,8 @@ def server_env() -> dict[str, str]:
 
 
 def server_args(kind: str, port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
-    """The command line for one server kind: gunicorn through the drop-in configuration, or tlsreload-uvicorn."""
-    if kind == "tlsreload-uvicorn":
-        return drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
-    if kind == "tlsreload-hypercorn":
-        return hypercorn_drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
-    args = gunicorn(port, layout.cert_path, layout.key_path, "-c", DROP_IN, *extra, worker_class=kind)
-    args[-1] = "hostile_apps:asgi" if kind in ASGI_WORKERS else "hostile_apps:wsgi"
-    return args
+    """The command line for one server kind (see :mod:`server_kinds`)."""
+    return server_kinds.args(kind, port, layout, *extra)
 
 
 # --- clients ------------------------------------------------------------------------------------
@@ -171,6 +163,11 @@ class Running:
         self._server: Server | None = None
 
     @property
+    def workers(self) -> int:
+        """How many processes serve this kind."""
+        return server_kinds.workers(self.kind)
+
+    @property
     def server(self) -> Server:
         assert self._server is not None
         return self._server
@@ -185,7 +182,7 @@ class Running:
         self._server = self._stack.enter_context(
             run_server(args, log_dir / "server.log", self.port, env=server_env(), cwd=log_dir)
         )
-        wait_every_worker(self.port, self.ctx, self.serial, WORKERS)
+        wait_every_worker(self.port, self.ctx, self.serial, self.workers)
         self.clean = True
 
     def stop(self) -> None:
@@ -202,15 +199,15 @@ class Running:
         return self.server.output()
 
     def sweep(self, path: str, parse: Callable[[int, bytes], T], accept: Callable[[int, T], bool]) -> dict[int, T]:
-        """GET ``path`` until ``accept`` holds for the latest answer of ``WORKERS`` distinct workers."""
+        """GET ``path`` until ``accept`` holds for the latest answer of every serving process."""
         latest: dict[int, T] = {}
 
         def enough() -> bool:
             pid, body = get(self.port, self.ctx, path)
             latest[pid] = parse(pid, body)
-            return sum(accept(p, value) for p, value in latest.items()) >= WORKERS
+            return sum(accept(p, value) for p, value in latest.items()) >= self.workers
 
-        wait_until(enough, REPORT_DEADLINE, what=f"{WORKERS} workers answering {path} as expected")
+        wait_until(enough, REPORT_DEADLINE, what=f"{self.workers} workers answering {path} as expected")
         return latest
 
     def failure_counts(self) -> dict[int, tuple[int, float]]:
@@ -274,7 +271,7 @@ def test_hostile_file_is_reported_once_and_never_served(served: Running, case: s
     with Hammer(run.port, run.ctx, threads=2) as hammer, Probe(run.port, run.ctx) as probe:
         HOSTILE[case](run.cert_path, run.key_path, run.ca)
 
-        wait_until(lambda: len(lines_naming_the_file()) >= WORKERS, REPORT_DEADLINE, what="every worker's report")
+        wait_until(lambda: len(lines_naming_the_file()) >= run.workers, REPORT_DEADLINE, what="every worker's report")
 
         def reported(pid: int, status: dict[str, Any]) -> bool:
             return str(named) in (status["last_error"] or "") and status["failures"] > before.get(pid, (0, 0))[0]
@@ -287,16 +284,16 @@ def test_hostile_file_is_reported_once_and_never_served(served: Running, case: s
 
         new = place_good(run.cert_path, run.key_path, run.ca)
         started = time.monotonic()
-        wait_every_worker(run.port, run.ctx, new, WORKERS)
+        wait_every_worker(run.port, run.ctx, new, run.workers)
         reload_seconds = time.monotonic() - started
         wait_until(lambda: new in hammer.serials, RELOAD_DEADLINE, what="the hammer on the new leaf")
 
     # Figures for the record (shown with -s): the slowest handshake and the time to serve the next pair.
     print(f"\n{run.kind} {case}: slowest of {probe.count} probe handshakes {probe.worst * 1000:.0f} ms; ", end="")
     print(f"{hammer.successes} hammer handshakes; every worker on the next pair after {reload_seconds:.2f}s")
-    assert len(reports) == WORKERS and all(FAILED in line and "WARNING" in line for line in reports), reports
-    if run.kind != "tlsreload-uvicorn":  # gunicorn's lines name the worker: one each
-        assert len({re.findall(r"\[(\d+)\] \[WARNING\]", line)[0] for line in reports}) == WORKERS, reports
+    assert len(reports) == run.workers and all(FAILED in line and "WARNING" in line for line in reports), reports
+    if run.kind in server_kinds.LOG_LINES_NAME_THE_WORKER:  # gunicorn's and hypercorn's: one each
+        assert len({re.findall(r"\[(\d+)\] \[WARNING\]", line)[0] for line in reports}) == run.workers, reports
     assert hammer.failures == [], hammer.failures[:5]
     assert served_while_hostile == {good}, served_while_hostile
     assert hammer.serials == {good, new}

@@ -1,0 +1,82 @@
+"""The server kinds of the shared matrix (hostile files today): how to start each, in one place.
+
+A kind is a name and a function ``args(port, layout, *extra) -> list[str]``: the command line, starting
+with ``-m``, of a real server serving ``hostile_apps`` (``/`` with the worker's pid, ``/status`` with its
+reloaders' ``status()``, ``/metrics``; every answer with an ``x-worker-pid`` header) on ``127.0.0.1:port``
+over TLS with ``layout.cert_path`` and ``layout.key_path``, in :data:`WORKERS` serving processes (or one,
+see :data:`SINGLE`), checking every ``$TLSRELOAD_INTERVAL`` with ``$TLSRELOAD_METRICS`` on.
+
+A server joins the matrix with one module ``tests/kinds_<server>.py`` that calls :func:`register` at import:
+this module imports every such module, so no test file is edited to add a server.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from test_gunicorn import ASGI_WORKERS, DROP_IN, UVICORN, gunicorn
+from test_hypercorn import drop_in as hypercorn_drop_in
+from test_uvicorn import drop_in as uvicorn_drop_in
+from tlstest import RenameEachLayout
+
+Args = Callable[..., list[str]]
+
+WORKERS = 2
+"""Serving processes per server, where the server has workers."""
+
+KINDS: dict[str, Args] = {}
+SINGLE: set[str] = set()
+"""Kinds that serve from one process (no workers): the matrix expects one pid there."""
+LOG_LINES_NAME_THE_WORKER: set[str] = set()
+"""Kinds whose log lines carry the worker's pid as ``[pid] [LEVEL]`` (gunicorn's and hypercorn's format)."""
+
+
+def register(name: str, args: Args, *, single_process: bool = False, log_lines_name_the_worker: bool = False) -> None:
+    """Add a server kind to the matrix (see the module docstring)."""
+    assert name not in KINDS, f"server kind {name!r} registered twice"
+    KINDS[name] = args
+    if single_process:
+        SINGLE.add(name)
+    if log_lines_name_the_worker:
+        LOG_LINES_NAME_THE_WORKER.add(name)
+
+
+def workers(kind: str) -> int:
+    """How many distinct processes answer for ``kind``."""
+    return 1 if kind in SINGLE else WORKERS
+
+
+def args(kind: str, port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+    """The command line of ``kind`` (see the module docstring)."""
+    return KINDS[kind](port, layout, *extra)
+
+
+def _gunicorn_kind(worker_class: str) -> Args:
+    def gunicorn_args(port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+        command = gunicorn(port, layout.cert_path, layout.key_path, "-c", DROP_IN, *extra, worker_class=worker_class)
+        command[-1] = "hostile_apps:asgi" if worker_class in ASGI_WORKERS else "hostile_apps:wsgi"
+        return command
+
+    return gunicorn_args
+
+
+for _worker_class in ("sync", "gthread", "gevent", "asgi", UVICORN):
+    register(_worker_class, _gunicorn_kind(_worker_class), log_lines_name_the_worker=True)
+register(
+    "tlsreload-uvicorn",
+    lambda port, layout, *extra: uvicorn_drop_in(
+        port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi"
+    ),
+)
+register(
+    "tlsreload-hypercorn",
+    lambda port, layout, *extra: hypercorn_drop_in(
+        port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi"
+    ),
+    log_lines_name_the_worker=True,
+)
+
+for _module in sorted(Path(__file__).parent.glob("kinds_*.py")):
+    importlib.import_module(_module.stem)

@@ -1,0 +1,141 @@
+"""aiohttp glue: ``web.run_app(app, ssl_context=reloading(app, certfile, keyfile))``.
+
+How it is configured: aiohttp takes an :class:`ssl.SSLContext` (``web.run_app(ssl_context=...)``,
+``web.TCPSite(ssl_context=...)``) and never rebuilds it. :func:`reloading` gives it one from
+:func:`~tlsreload_plugins.fresh_context`: validated now (unusable files raise before anything binds),
+then checked in a daemon thread, never on aiohttp's event loop. New connections get the newest valid
+certificate; established ones (keep-alive, websockets) keep the one they started with.
+
+The checks are tied to the app's life with a ``cleanup_ctx`` entry put first, so it is entered before
+the app's own and left after them: the certificate stays fresh through the app's own shutdown, and the
+checking thread is stopped (and joined in the loop's executor) when the app has finished.
+
+gunicorn's ``aiohttp.GunicornWebWorker`` (and ``GunicornUVLoopWebWorker``) build their own context in
+each worker (``GunicornWebWorker._create_ssl_context``, private, never calling gunicorn's ``ssl_context``
+hook), out of reach of the drop-in: :func:`prepare_gunicorn_worker_class` refuses them at start with
+one line, rather than start workers whose certificate would never be reloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from ..fresh import FreshContext, fresh_context
+from ..lastgood import RecipeFor
+from ..reloader import Reloader
+
+__all__ = ["prepare_gunicorn_worker_class", "reloaders", "reloading"]
+
+log = logging.getLogger("tlsreload_plugins.aiohttp")
+
+_serving: dict[FreshContext, int] = {}
+"""Every context :func:`reloading` made that is still checked, with the pid that made it."""
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders :func:`reloading` made in this process whose app has not ended (health checks, metrics)."""
+    pid = os.getpid()
+    return [fresh.reloader for fresh, owner in _serving.items() if owner == pid]
+
+
+def reloading(
+    app: Any,
+    certfile: str,
+    keyfile: str | None = None,
+    *,
+    ca_certs: str | None = None,
+    password_file: str | None = None,
+    sni: Iterable[str] | str | None = None,
+    interval: float | None = None,
+    recipe: RecipeFor | None = None,
+    metrics: bool | None = None,
+) -> ssl.SSLContext:
+    """An :class:`ssl.SSLContext` for ``app`` that follows the certificate files for as long as ``app`` runs.
+
+    Call it before the app starts (it reads and validates the files: blocking, not for a coroutine).
+
+    Args:
+        app: the ``aiohttp.web.Application``; its ``cleanup_ctx`` gets the entry that stops the checks.
+        certfile, keyfile, ca_certs, password_file, sni, interval, recipe, metrics: as
+            :func:`~tlsreload_plugins.fresh_context` (``ca_certs`` means mutual TLS: client certificates
+            are required and verified against that bundle, reloaded like the pair).
+
+    Returns:
+        The context to give aiohttp, once: ``web.run_app(app, ssl_context=...)`` or ``web.TCPSite(...,
+        ssl_context=...)``.
+
+    Raises:
+        InvalidIdentity: the files cannot be used now; one sentence names the file and what is wrong.
+        ValueError: a setting is not usable (see :func:`~tlsreload_plugins.fresh_context`).
+        RuntimeError: ``app`` has already started (aiohttp freezes its ``cleanup_ctx`` then).
+
+    Example::
+
+        app = web.Application()
+        web.run_app(app, port=8443, ssl_context=reloading(app, "/etc/tls/tls.crt", "/etc/tls/tls.key"))
+    """
+    if getattr(app.cleanup_ctx, "frozen", False):
+        raise RuntimeError("reloading() needs an app that has not started yet: its cleanup_ctx is frozen")
+    fresh = fresh_context(
+        certfile,
+        keyfile,
+        ca_certs=ca_certs,
+        password_file=password_file,
+        sni=sni,
+        interval=interval,
+        recipe=recipe,
+        metrics=metrics,
+    )
+    _serving[fresh] = os.getpid()
+    app.cleanup_ctx.insert(0, _checking_while_the_app_runs(fresh))
+    return fresh.context
+
+
+def _checking_while_the_app_runs(fresh: FreshContext) -> Callable[[Any], AsyncIterator[None]]:
+    async def checking(app: Any) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            _serving.pop(fresh, None)
+            # close() joins the checking thread, which may be in the middle of a check: not on the loop.
+            await asyncio.get_running_loop().run_in_executor(None, fresh.close)
+            log.debug("stopped checking %s", fresh.reloader.files.describe())
+
+    return checking
+
+
+def _is_aiohttp_class(worker_class: Any) -> bool:
+    return isinstance(worker_class, type) and any(
+        cls.__module__.split(".")[0] == "aiohttp" for cls in inspect.getmro(worker_class)
+    )
+
+
+def prepare_gunicorn_worker_class(worker_class: Any, name: str) -> None:
+    """For gunicorn's drop-in, before the arbiter binds: refuse aiohttp's worker classes when gunicorn serves TLS.
+
+    ``aiohttp.GunicornWebWorker`` builds its own context once per worker, in a private static method
+    (``_create_ssl_context``) that never calls gunicorn's ``ssl_context`` hook; aiohttp documents no other
+    way to give the worker a context. Serving TLS through it would never reload the certificate, so the
+    drop-in stops at start with this one line instead. Other classes are left alone.
+
+    Args:
+        worker_class: gunicorn's ``cfg.worker_class`` (the class).
+        name: how the user named it (``cfg.worker_class_str``), for the message.
+
+    Raises:
+        ValueError: ``worker_class`` is, or derives from, one of aiohttp's; its text is the reason.
+    """
+    if not _is_aiohttp_class(worker_class):
+        return
+    raise ValueError(
+        f"the worker class {name} builds its own TLS context in each worker (aiohttp's "
+        "GunicornWebWorker._create_ssl_context, which never calls gunicorn's ssl_context hook), so its "
+        "certificate could not be reloaded: serve the app with aiohttp's own web.run_app(app, ssl_context="
+        "tlsreload_plugins.aiohttp.reloading(app, certfile, keyfile)), or terminate TLS in front of gunicorn"
+    )

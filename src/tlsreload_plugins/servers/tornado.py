@@ -1,0 +1,192 @@
+"""Tornado glue: ``HTTPServer(app, ssl_options=reloading_tls(ssl_options).context())``, alone or forked.
+
+How it is configured: Tornado's own ``ssl_options`` dictionary (``certfile``, ``keyfile``, ``ca_certs``,
+``cert_reqs``, ``ciphers``, ``ssl_version``), plus tlsreload's settings as keyword arguments and the
+``TLSRELOAD_*`` variables. Where its context is built: Tornado's ``tornado.netutil.ssl_options_to_context``
+is the recipe, so the verify mode, ciphers and protocol are Tornado's on every reload (the key is
+loaded with the password of ``password_file`` or ``$TLSRELOAD_KEY_PASSWORD_FILE``, which the
+dictionary has no key for). Tornado wraps each accepted connection with the context it was given: new
+connections get the newest valid certificate, established ones keep theirs.
+
+Worker lifecycle: :func:`reloading_tls` checks the files once, in the process that starts the server,
+and keeps the identity in a :class:`~tlsreload_plugins.lastgood.SharedStore`. Under
+``tornado.process.fork_processes`` that is the parent, before the fork: no thread runs there. Each
+process that serves then calls :meth:`ReloadingTLS.context` before its event loop starts; it gets a
+reloader checked in a daemon thread. A child ``fork_processes`` restarts (one that crashed or was
+killed) while the files are unusable serves the last good identity any process served, or, with none
+valid, waits for usable files (and exits with status 0 on SIGTERM, SIGINT or SIGQUIT meanwhile).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn
+
+from ..drivers import ThreadDriver
+from ..files import Password, TLSFiles
+from ..files import password_file as password_in_file
+from ..lastgood import RecipeFor, SharedStore
+from ..reloader import Reloader, resolve_password
+from ..serving import Settings, Waiting, check_at_start, start_reloader
+
+__all__ = ["SSL_OPTIONS", "ReloadingTLS", "reloaders", "reloading_tls"]
+
+log = logging.getLogger("tlsreload_plugins.tornado")
+
+SSL_OPTIONS = ("ssl_version", "certfile", "keyfile", "cert_reqs", "ca_certs", "ciphers")
+"""The keys of Tornado's ``ssl_options`` dictionary (``tornado.netutil.ssl_options_to_context``)."""
+
+MISSING_EXTRA = "pip install 'tlsreload-plugins[tornado]'"
+
+
+class ReloadingTLS:
+    """The TLS identity of one Tornado server, checked at start, kept for every process that serves it.
+
+    Made by :func:`reloading_tls` (no public constructor). :meth:`context` in each serving process.
+    """
+
+    def __init__(
+        self, files: TLSFiles, recipe_for: RecipeFor, password: Password, settings: Settings, store: SharedStore
+    ) -> None:
+        self.files = files
+        self._recipe_for = recipe_for
+        self._password = password
+        self._settings = settings
+        self._store = store
+        self._serving: dict[int, tuple[Reloader, ThreadDriver]] = {}
+
+    def context(self, stopped: Callable[[], bool] = lambda: False) -> ssl.SSLContext:
+        """This process's :class:`ssl.SSLContext`, checked in a daemon thread until :meth:`close`; the same
+        one on every call in a process. Call it in each process that serves, before its event loop runs
+        (it reads the files, and may wait for usable ones), and never in a parent before
+        ``fork_processes`` (a thread running across ``fork()`` can leave OpenSSL's locks held in the child).
+
+        Args:
+            stopped: while this process waits for usable files (restarted with nothing valid to serve),
+                a stop request to look at every 0.1 s besides SIGTERM, SIGINT and SIGQUIT: true, it exits
+                with status 0.
+
+        Raises:
+            CannotServe: nothing valid to serve, in the files nor in the last good store (a bad setting, or
+                the store lost): one line.
+        """
+        pid = os.getpid()
+        serving = self._serving.get(pid)
+        if serving is not None:
+            return serving[0].context
+        files = self.files
+        reloader = start_reloader(
+            files,
+            lambda: self._recipe_for(files),
+            self._recipe_for,
+            password=self._password,
+            settings=self._settings,
+            store=self._store,
+            waiting=Waiting(leave=_leave, stopped=stopped),
+        )
+        driver = ThreadDriver(reloader).start()
+        self._serving = {pid: (reloader, driver)}  # a forked child inherits its parent's entries, not their threads
+        return reloader.context
+
+    def reloader(self) -> Reloader | None:
+        """This process's :class:`~tlsreload_plugins.Reloader`, or ``None`` before :meth:`context`."""
+        serving = self._serving.get(os.getpid())
+        return serving[0] if serving is not None else None
+
+    def close(self) -> None:
+        """Stop this process's checks (the context keeps serving its certificate). Idempotent."""
+        serving = self._serving.pop(os.getpid(), None)
+        if serving is not None:
+            serving[1].stop()
+
+
+_made: list[ReloadingTLS] = []
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders serving TLS in this process (for health checks, metrics)."""
+    return [reloader for tls in _made if (reloader := tls.reloader()) is not None]
+
+
+def _leave() -> NoReturn:
+    log.info("process %s stops without having served", os.getpid())
+    sys.exit(0)  # fork_processes restarts a child that exits non-zero
+
+
+def _tornado_recipe(ssl_options: Mapping[str, Any], password: Password) -> RecipeFor:
+    """Tornado's ``ssl_options_to_context`` with the files of each call, the key loaded with ``password``."""
+    try:
+        from tornado.netutil import ssl_options_to_context
+    except ImportError as e:
+        raise ImportError(f"Tornado is not installed: {MISSING_EXTRA}") from e
+    fixed = {key: value for key, value in ssl_options.items() if key not in ("certfile", "keyfile", "ca_certs")}
+
+    def tornado_context(files: TLSFiles) -> ssl.SSLContext:
+        options = {**fixed, "ca_certs": files.ca_certs} if files.ca_certs else dict(fixed)
+        context = ssl_options_to_context(options, server_side=True)
+        context.load_cert_chain(files.certfile, files.keyfile, password)
+        return context
+
+    return tornado_context
+
+
+def reloading_tls(
+    ssl_options: Mapping[str, Any],
+    *,
+    password_file: str | None = None,
+    sni: Iterable[str] | str | None = None,
+    interval: float | None = None,
+    metrics: bool | None = None,
+) -> ReloadingTLS:
+    """Check Tornado's ``ssl_options`` files now and keep them for every process that serves.
+
+    Call it once where the server starts: before ``tornado.process.fork_processes`` when forking. Then
+    ``HTTPServer(app, ssl_options=tls.context())`` in each serving process, before its loop runs.
+
+    Args:
+        ssl_options: Tornado's dictionary; ``certfile`` is required, ``keyfile`` and ``ca_certs`` are
+            reloaded with it (``ca_certs`` with ``cert_reqs=ssl.CERT_REQUIRED`` is mutual TLS).
+        password_file: a file whose first line is the key's password, read again on each reload (default
+            ``$TLSRELOAD_KEY_PASSWORD_FILE``, else none).
+        sni: directories of more identities, chosen by server name (default ``$TLSRELOAD_SNI``).
+        interval: seconds between checks, at least 0.1 (default ``$TLSRELOAD_INTERVAL``, else 1).
+        metrics: export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off).
+
+    Returns:
+        A :class:`ReloadingTLS`: ``context()`` in each serving process, ``close()`` when it stops.
+
+    Raises:
+        CannotServe: the files or a setting cannot serve now: one line naming the file and what is wrong.
+        ValueError: ``ssl_options`` has no ``certfile``, or a key Tornado does not know.
+
+    Example::
+
+        tls = reloading_tls({"certfile": "/etc/tls/tls.crt", "keyfile": "/etc/tls/tls.key"})
+        sockets = tornado.netutil.bind_sockets(8443)
+        tornado.process.fork_processes(2)  # or not: the same lines serve one process
+        server = HTTPServer(app, ssl_options=tls.context())
+        server.add_sockets(sockets)
+    """
+    unknown = sorted(set(ssl_options) - set(SSL_OPTIONS))
+    if unknown:
+        raise ValueError(f"ssl_options has keys Tornado does not know: {', '.join(unknown)} (it knows {SSL_OPTIONS})")
+    if not ssl_options.get("certfile"):
+        raise ValueError("ssl_options has no certfile: there is no certificate to serve")
+    keyfile, ca_certs = ssl_options.get("keyfile"), ssl_options.get("ca_certs")
+    files = TLSFiles(
+        str(ssl_options["certfile"]),
+        str(keyfile) if keyfile else None,
+        str(ca_certs) if ca_certs else None,
+    )
+    password = resolve_password(password_in_file(password_file) if password_file else None)
+    recipe_for = _tornado_recipe(ssl_options, password)
+    settings = Settings(interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics)
+    store = SharedStore()  # before the fork: every child shares it, and a restarted one reads it
+    check_at_start(files, lambda: recipe_for(files), password, settings, store)
+    tls = ReloadingTLS(files, recipe_for, password, settings, store)
+    _made.append(tls)
+    return tls

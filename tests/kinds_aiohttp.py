@@ -1,0 +1,14 @@
+"""aiohttp joins the shared hostile-files matrix: :mod:`asyncio_server_apps` served by aiohttp, one process."""
+
+from __future__ import annotations
+
+from server_kinds import register
+from tlstest import RenameEachLayout
+
+
+def aiohttp_args(port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+    files = ["--certfile", str(layout.cert_path), "--keyfile", str(layout.key_path)]
+    return ["-m", "asyncio_server_apps", "aiohttp", *files, "--port", str(port), *extra]
+
+
+register("aiohttp", aiohttp_args, single_process=True, log_lines_name_the_worker=True)

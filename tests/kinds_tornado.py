@@ -1,0 +1,15 @@
+"""Tornado joins the shared hostile-files matrix: :mod:`asyncio_server_apps` served by Tornado from
+:data:`server_kinds.WORKERS` processes under ``tornado.process.fork_processes``."""
+
+from __future__ import annotations
+
+from server_kinds import WORKERS, register
+from tlstest import RenameEachLayout
+
+
+def tornado_args(port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+    files = ["--certfile", str(layout.cert_path), "--keyfile", str(layout.key_path)]
+    return ["-m", "asyncio_server_apps", "tornado", *files, "--port", str(port), "--processes", str(WORKERS), *extra]
+
+
+register("tornado", tornado_args, log_lines_name_the_worker=True)

@@ -1,0 +1,14 @@
+"""websockets joins the shared hostile-files matrix: :mod:`asyncio_server_apps` served by websockets, one process."""
+
+from __future__ import annotations
+
+from server_kinds import register
+from tlstest import RenameEachLayout
+
+
+def websockets_args(port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+    files = ["--certfile", str(layout.cert_path), "--keyfile", str(layout.key_path)]
+    return ["-m", "asyncio_server_apps", "websockets", *files, "--port", str(port), *extra]
+
+
+register("websockets", websockets_args, single_process=True, log_lines_name_the_worker=True)

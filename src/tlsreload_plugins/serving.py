@@ -25,22 +25,31 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from . import metrics, sni
+from .drivers import ThreadDriver
 from .identity import Password, ReloadError, TLSFiles
 from .lastgood import LastGood, RecipeFor, SharedStore, keep_newest_valid
-from .reloader import Recipe, Reloader, load_identity, resolve_expiry_warning_days, resolve_interval
+from .reloader import INTERVAL_ENV, Recipe, Reloader, load_identity, resolve_expiry_warning_days, resolve_interval
+
+if TYPE_CHECKING:  # a drop-in command's: its workers, which import this module too, have no use for it
+    import argparse
 
 __all__ = [
     "BOOT_ATTEMPTS",
+    "OPTION_HELP",
     "RETRY_DELAY",
     "CannotServe",
     "Settings",
     "Waiting",
+    "add_options",
     "check_at_start",
     "equip",
     "keep_for_workers",
+    "run_here",
+    "running_here",
+    "stop_here",
     "retry_at_start",
     "start_reloader",
     "wait_until_usable",
@@ -61,6 +70,27 @@ POLL = 0.1
 """Seconds between looks at a stop request while waiting (hypercorn's workers poll their shutdown event as often)."""
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
+
+OPTION_HELP = {
+    "--tls-reload-interval": "Seconds between checks of the TLS certificate files. "
+    f"Defaults to ${INTERVAL_ENV}, else 1.",
+    "--tls-sni": "A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
+    f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
+    "--tls-metrics": "Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
+    f"Defaults to ${metrics.METRICS_ENV}.",
+}
+"""The options every drop-in command adds to its server's own, with their help."""
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Add the :data:`OPTION_HELP` options to an argparse command line, as a group "tlsreload options":
+    ``tls_reload_interval`` (float or None), ``tls_sni`` (list or None), ``tls_metrics`` (True or None)."""
+    group = parser.add_argument_group("tlsreload options")
+    help_of = OPTION_HELP
+    group.add_argument("--tls-reload-interval", type=float, metavar="SECONDS", help=help_of["--tls-reload-interval"])
+    group.add_argument("--tls-sni", action="append", metavar="DIR", help=help_of["--tls-sni"])
+    group.add_argument("--tls-metrics", action="store_true", default=None, help=help_of["--tls-metrics"])
 
 
 class CannotServe(Exception):
@@ -273,3 +303,39 @@ def keep_for_workers(files: TLSFiles, password: Password, settings: Settings, st
     (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`). Each worker, started now or later, takes its
     verdicts instead of loading ``cryptography`` to parse the files itself."""
     keep_newest_valid(sni.every_identity(files, settings.sni), password, store, resolve_interval(settings.interval))
+
+
+@dataclass(frozen=True)
+class _Here:
+    pid: int
+    reloader: Reloader
+    driver: ThreadDriver
+
+
+_here: _Here | None = None
+"""The reloader this process serves with, for servers whose workers are forked: keyed by pid, so that a
+forked child never takes its parent's for its own."""
+
+
+def run_here(reloader: Reloader) -> Reloader:
+    """Check ``reloader`` in a :class:`~tlsreload_plugins.ThreadDriver` (a greenlet under gevent) as this
+    process's reloader, until :func:`stop_here`; returns it. For a forked worker's set-up hook."""
+    global _here
+    _here = _Here(os.getpid(), reloader, ThreadDriver(reloader).start())
+    return reloader
+
+
+def running_here() -> Reloader | None:
+    """This process's reloader (see :func:`run_here`); ``None`` before, after :func:`stop_here`, or in
+    a process forked from the one that set it."""
+    here = _here
+    return here.reloader if here is not None and here.pid == os.getpid() else None
+
+
+def stop_here() -> None:
+    """Stop checking this process's reloader (a worker's exit hook); does nothing where none runs."""
+    global _here
+    here = _here
+    if here is not None and here.pid == os.getpid():
+        _here = None
+        here.driver.stop()

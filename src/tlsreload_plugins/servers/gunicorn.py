@@ -1,23 +1,17 @@
 """gunicorn glue: reload the TLS certificate inside every worker, whatever the worker class.
 
-The drop-in ``gunicorn -c python:tlsreload_plugins.gunicorn_conf --certfile C --keyfile K app:app``
-(see :mod:`tlsreload_plugins.gunicorn_conf`), or ``add_reload(globals())`` at the end of your own
-``gunicorn.conf.py``: it wraps the file's ``ssl_context``, ``on_starting``, ``post_worker_init`` and
-``worker_exit`` hooks (defining those that are missing); yours still run, and what your ``ssl_context``
-sets is applied again on every reload.
+``gunicorn -c python:tlsreload_plugins.gunicorn_conf ...`` (the drop-in, :mod:`tlsreload_plugins.gunicorn_conf`),
+or ``add_reload(globals())`` at the end of your own ``gunicorn.conf.py``: it wraps the ``ssl_context``,
+``on_starting``, ``post_worker_init`` and ``worker_exit`` hooks; yours still run. Configuration: gunicorn's
+``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni`` and ``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``.
 
-Configuration: gunicorn's ``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni`` and ``tls_metrics`` in
-the configuration file; the key password from ``$TLSRELOAD_KEY_PASSWORD_FILE`` (gunicorn has none).
-Where the context is built: ``on_starting`` checks the files in the arbiter before it binds
-(:func:`~tlsreload_plugins.serving.check_at_start`). Each worker, in ``post_worker_init`` (after
-gevent's monkey-patching, after the fork with ``--preload``), makes its reloader with your
-``ssl_context`` hook applied to gunicorn's default factory as the recipe, and a
-:class:`~tlsreload_plugins.ThreadDriver` (a greenlet under gevent). The hook then returns that one
-context: ``sync`` and ``gthread`` call it per connection, ``gevent``, ``tornado`` and ``asgi`` once.
-``uvicorn_worker.UvicornWorker`` never calls it: ``on_starting`` adds an ``ssl_context_factory`` to its
-documented ``CONFIG_KWARGS`` (see :mod:`tlsreload_plugins.servers.uvicorn`). Worker lifecycle: forked;
-the last good identity lives in memory the arbiter creates before the first fork, so a worker restarted
-while the files are broken serves it, or waits for usable files; ``worker_exit`` stops the driver.
+Where the context is built: your ``ssl_context`` hook applied to gunicorn's default factory is the recipe;
+the hook then returns the worker's one reloading context (``sync`` and ``gthread`` call it per connection,
+the others once). ``uvicorn_worker.UvicornWorker`` never calls the hook: its ``CONFIG_KWARGS`` get a factory
+(see :mod:`tlsreload_plugins.servers.uvicorn`). Worker lifecycle: forked. ``on_starting`` checks the files
+in the arbiter before it binds, into the last good store every worker shares; each worker makes its reloader
+in ``post_worker_init`` (after gevent's patching) with a :class:`~tlsreload_plugins.ThreadDriver`, and stops
+it in ``worker_exit``. See docs/gunicorn.md.
 """
 
 from __future__ import annotations
@@ -32,15 +26,13 @@ import ssl
 import sys
 import threading
 from collections.abc import Callable, MutableMapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import logs
-from ..drivers import ThreadDriver
 from ..identity import Password, TLSFiles
 from ..lastgood import RecipeFor, SharedStore
 from ..reloader import Recipe, Reloader, resolve_password
-from ..serving import CannotServe, Settings, Waiting, check_at_start, start_reloader
+from ..serving import CannotServe, Settings, Waiting, check_at_start, run_here, running_here, start_reloader, stop_here
 
 __all__ = ["add_reload", "reload_hooks", "reloaders", "worker_reloader"]
 
@@ -58,16 +50,6 @@ ServerHook = Callable[[Any], object]
 WorkerExitHook = Callable[[Any, Any], object]
 
 
-@dataclass
-class _Serving:
-    pid: int
-    reloader: Reloader
-    driver: ThreadDriver
-
-
-_serving: _Serving | None = None
-"""This worker's reloader. Keyed by pid so that a forked child never uses its parent's."""
-
 _building = threading.local()
 """Set while a reload calls gunicorn's factory, so that our own hook hands it the user's context."""
 
@@ -83,8 +65,7 @@ chained_config: str | None = None
 def worker_reloader() -> Reloader | None:
     """The current worker's :class:`~tlsreload_plugins.Reloader`: ``None`` in the arbiter, without
     TLS, or before the worker has built it (a ``UvicornWorker`` builds it as its server starts)."""
-    serving = _serving
-    return serving.reloader if serving is not None and serving.pid == os.getpid() else None
+    return running_here()
 
 
 def reloaders() -> list[Reloader]:
@@ -152,7 +133,7 @@ def reload_hooks(
             if worker_exit is not None:
                 worker_exit(server, worker)
         finally:
-            _stop_worker()
+            stop_here()
 
     hooks: dict[str, Callable[..., Any]] = {
         "ssl_context": reloading_ssl_context,
@@ -353,7 +334,6 @@ def with_files(cfg: Any, files: TLSFiles) -> Any:
 def serve(worker: Any, recipe: Recipe, recipe_for: RecipeFor, *, settings: Settings) -> Reloader:
     """Make this worker's reloader and start checking it; a worker with nothing valid to serve waits
     for usable files (telling the arbiter it is alive), and leaves with status 0 when asked to stop."""
-    global _serving
     waiting = Waiting(leave=lambda: sys.exit(0), between=worker.notify)
     try:
         reloader = start_reloader(
@@ -368,20 +348,7 @@ def serve(worker: Any, recipe: Recipe, recipe_for: RecipeFor, *, settings: Setti
     except CannotServe as e:  # the arbiter checked the settings: only a store lost can bring this here
         log.error("worker %s: %s", os.getpid(), e)
         sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR
-    driver = ThreadDriver(reloader)
-    _serving = _Serving(os.getpid(), reloader, driver)
-    driver.start()
-    return reloader
-
-
-def _stop_worker() -> None:
-    """Stop this worker's driver (what ``worker_exit`` does); does nothing in the arbiter."""
-    global _serving
-    serving = _serving
-    if serving is None or serving.pid != os.getpid():
-        return
-    _serving = None
-    serving.driver.stop()
+    return run_here(reloader)
 
 
 _refuse_as_configuration()

@@ -1,40 +1,18 @@
-"""Reload TLS certificates inside hypercorn: a drop-in command and a ``Config`` subclass.
+"""hypercorn glue: a drop-in command and a ``Config`` subclass whose TLS context follows the files.
 
-Two ways, one mechanism:
+* ``tlsreload-hypercorn app:app --certfile C --keyfile K [any hypercorn option]`` is hypercorn's own command
+  plus the ``--tls-*`` options; every worker class (asyncio, uvloop, trio), ``--workers`` and ``-c`` work.
+* :class:`ReloadingConfig` is ``hypercorn.config.Config`` with a reloading ``create_ssl_context``, for code
+  that calls ``hypercorn.asyncio.serve`` or ``hypercorn.trio.serve`` itself.
 
-* ``tlsreload-hypercorn app:app --certfile C --keyfile K [any hypercorn option]`` (or
-  ``python -m tlsreload_plugins.hypercorn``) is hypercorn's own command plus
-  ``--tls-reload-interval``: every worker class (asyncio, uvloop, trio), ``--workers N`` and
-  ``-c`` configuration files work as they do with ``hypercorn``.
-* :class:`ReloadingConfig` is ``hypercorn.config.Config`` with a reloading
-  :meth:`~ReloadingConfig.create_ssl_context`, for code that builds its own ``Config`` and calls
-  ``hypercorn.asyncio.serve`` or ``hypercorn.trio.serve``.
-
-hypercorn calls ``create_ssl_context()`` once per worker (per ``serve()`` call), inside the
-worker's running event loop, after the app's lifespan start-up. There, :class:`ReloadingConfig`
-builds a :class:`~tlsreload_plugins.Reloader` whose recipe is hypercorn's own
-``Config.create_ssl_context`` (so ALPN h2, ciphers, verify mode, CA bundle and key password are
-set the same way on every reload), hands hypercorn ``reloader.context``, and checks the files
-from that same loop until it ends: an asyncio task, or a trio system task, each running the check
-itself in a worker thread. A lifespan extension as for uvicorn is not needed: the checks start
-with the context, and stop when the worker's loop does.
-
-The last good identity: a worker that starts while the files on disk are unusable serves the newest
-valid identity instead (one WARNING says so), and moves to the files as soon as they are usable. The
-drop-in validates the files in hypercorn's parent process and keeps the newest valid pair there
-(:func:`~tlsreload_plugins.lastgood.keep_newest_valid`, every interval and whenever a worker asks) in a
-:class:`~tlsreload_plugins.lastgood.SharedStore` on the ``Config``, which hypercorn passes to each
-worker it starts (at start-up, on SIGHUP, on ``--reload``): the parent and its workers share it, and a
-worker takes the parent's verdict on new files instead of loading ``cryptography`` to parse them. A
-worker with nothing valid to serve (the kept pair expired) waits for usable files without serving,
-rather than exit non-zero, on which hypercorn stops the whole server; it leaves with status 0 when
-hypercorn stops its workers or on SIGTERM. :class:`ReloadingConfig` used from Python keeps the pair
-:meth:`~ReloadingConfig.check_tls_files` validated (and each one it served) on the config, within the
-process.
-
-HTTP/3 is refused: hypercorn's QUIC server hands the certificate *files* to aioquic once, when it
-starts, so ``--quic-bind`` would keep serving the first certificate forever. Combined with
-reloading, it stops the server at start-up with one error.
+Where the context is built: hypercorn calls ``create_ssl_context()`` once per worker, inside the worker's
+running loop; the recipe is hypercorn's own ``Config.create_ssl_context``, and the checks run from that
+loop (:func:`~tlsreload_plugins.drivers.check_from_running_loop`) until it ends. Worker lifecycle: spawned;
+the parent checks the files and keeps the newest valid identity in a
+:class:`~tlsreload_plugins.lastgood.SharedStore` on the ``Config``, which hypercorn passes to each worker
+it starts (start-up, SIGHUP, ``--reload``); a worker with nothing valid waits instead of exiting (on which
+hypercorn stops the whole server). HTTP/3 is refused: hypercorn hands aioquic the certificate *files* once.
+See docs/hypercorn.md.
 """
 
 from __future__ import annotations
@@ -53,12 +31,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from hypercorn.config import Config
 
-from .. import logs, metrics, sni
+from .. import logs
 from ..drivers import AsyncioDriver, TrioDriver, check_from_running_loop
 from ..identity import InvalidIdentity, Password, TLSFiles, password_text
 from ..lastgood import SharedStore
-from ..reloader import INTERVAL_ENV, Recipe, Reloader, resolve_expiry_warning_days, resolve_interval, resolve_password
-from ..serving import CannotServe, Settings, Waiting, check_at_start, keep_for_workers, start_reloader
+from ..reloader import Recipe, Reloader, resolve_expiry_warning_days, resolve_interval, resolve_password
+from ..serving import CannotServe, Settings, Waiting, add_options, check_at_start, keep_for_workers, start_reloader
 
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
 
@@ -275,27 +253,7 @@ def _parser() -> argparse.ArgumentParser:
     import argparse
 
     parser = argparse.ArgumentParser(prog="tlsreload-hypercorn", add_help=False, allow_abbrev=False)
-    group = parser.add_argument_group("tlsreload options")
-    group.add_argument(
-        "--tls-reload-interval",
-        type=float,
-        metavar="SECONDS",
-        help=f"Seconds between checks of the TLS certificate files. Defaults to ${INTERVAL_ENV}, else 1.",
-    )
-    group.add_argument(
-        "--tls-sni",
-        action="append",
-        metavar="DIR",
-        help="A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
-        f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
-    )
-    group.add_argument(
-        "--tls-metrics",
-        action="store_true",
-        default=None,
-        help=f"Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
-        f"Defaults to ${metrics.METRICS_ENV}.",
-    )
+    add_options(parser)
     return parser
 
 

@@ -1,26 +1,17 @@
-"""Reload TLS certificates inside uvicorn: a drop-in command, a lifespan extension, a context factory.
+"""uvicorn glue: a drop-in command, a context factory, and the factory of gunicorn's ``UvicornWorker``.
 
-Three ways, one mechanism:
+* ``tlsreload-uvicorn app:app --ssl-certfile C --ssl-keyfile K [any uvicorn option]`` is uvicorn's own
+  command plus the ``--tls-*`` options, handed to the public ``uvicorn.run(..., ssl_context_factory=...)``;
+  checks run from each serving process's event loop, so the app needs no change.
+* :func:`reloading_ssl_context` is a ``uvicorn.Config(ssl_context_factory=...)``; its checks follow the app's
+  ASGI lifespan (:class:`TLSReloadLifespan`, :func:`reloading_certificates`, from :mod:`tlsreload_plugins.lifespan`),
+  or run from the server's loop when no lifespan can (``--lifespan off``), a log line saying so.
 
-* ``tlsreload-uvicorn app:app --ssl-certfile C --ssl-keyfile K [any uvicorn option]``
-  (or ``python -m tlsreload_plugins.uvicorn``) is uvicorn's own command plus
-  ``--tls-reload-interval`` (or ``$UVICORN_TLS_RELOAD_INTERVAL``): it hands uvicorn's parsed options
-  to the public ``uvicorn.run(..., ssl_context_factory=...)`` with the factory below, whose checks
-  run from each serving process's event loop, so the app needs no change and no lifespan.
-* :func:`reloading_ssl_context` is a ``uvicorn.Config(ssl_context_factory=...)``. uvicorn calls it
-  in each serving process; it builds a :class:`~tlsreload_plugins.Reloader` whose recipe is
-  uvicorn's own default factory (so verify mode, CA bundle, ciphers, ALPN and key password all
-  apply on every reload), registers it in this process and hands uvicorn ``reloader.context``.
-* :class:`TLSReloadLifespan` (ASGI middleware) or :func:`reloading_certificates` (an async
-  context manager for an app's own ``lifespan=``) checks the registered reloaders for exactly
-  as long as the app's lifespan runs.
-
-When no lifespan can do it (``--lifespan off``, an app that does not speak the lifespan
-protocol, or a factory used without the extension), checks run from the server's event loop
-until the process exits, and a log line says so.
-
-An encrypted key's password comes from ``ssl_keyfile_password`` or, without it, from the first
-line of ``$TLSRELOAD_KEY_PASSWORD_FILE``, read again on every reload (not visible in ``ps``).
+Where the context is built: uvicorn calls the factory in each serving process; the recipe is uvicorn's own
+default factory, so verify mode, CA bundle, ciphers, ALPN and the key password apply on every reload.
+Worker lifecycle: one process, or spawned by uvicorn's supervisor: the parent checks the files and keeps the
+newest valid identity in a :class:`~tlsreload_plugins.lastgood.SharedStore` that travels with the factory.
+The key password: ``ssl_keyfile_password``, else ``$TLSRELOAD_KEY_PASSWORD_FILE``. See docs/uvicorn.md.
 """
 
 from __future__ import annotations
@@ -38,12 +29,12 @@ import types
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import __version__, lifespan, logs, metrics, sni
+from .. import __version__, lifespan, logs
 from ..identity import Password, TLSFiles, password_text
 from ..lastgood import RecipeFor, SharedStore
 from ..lifespan import TLSReloadLifespan, reloaders, reloading_certificates
-from ..reloader import INTERVAL_ENV, MIN_INTERVAL, Reloader, resolve_password
-from ..serving import CannotServe, Settings, Waiting, check_at_start, keep_for_workers, start_reloader
+from ..reloader import MIN_INTERVAL, Reloader, resolve_password
+from ..serving import OPTION_HELP, CannotServe, Settings, Waiting, check_at_start, keep_for_workers, start_reloader
 
 if TYPE_CHECKING:  # uvicorn and click are the [uvicorn] extra: imported where used, so that a missing
     import click  # extra is one clear line, not a ModuleNotFoundError from this module's import
@@ -387,28 +378,14 @@ def _command() -> click.Command:
     if not isinstance(stock, click.Command) or not any(param.name == "ssl_certfile" for param in stock.params):
         _refuse(f"tlsreload-uvicorn cannot find uvicorn {uvicorn.__version__}'s command-line options (uvicorn.main)")
     command = copy.copy(stock)
+    help_of = OPTION_HELP
     interval = click.Option(
-        ["--tls-reload-interval"],
-        type=click.FloatRange(min=MIN_INTERVAL),
-        default=None,
-        help=f"Seconds between checks of the TLS certificate files. Defaults to ${INTERVAL_ENV}, else 1.",
+        ["--tls-reload-interval"], type=click.FloatRange(min=MIN_INTERVAL), help=help_of["--tls-reload-interval"]
     )
     params = [_with_our_version(param) if param.name == "version" else param for param in command.params]
     after_ssl = max(i for i, param in enumerate(params) if (param.name or "").startswith("ssl_")) + 1
-    tls_sni = click.Option(
-        ["--tls-sni"],
-        multiple=True,
-        metavar="DIR",
-        help=f"A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
-        f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
-    )
-    tls_metrics = click.Option(
-        ["--tls-metrics"],
-        is_flag=True,
-        default=False,
-        help=f"Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
-        f"Defaults to ${metrics.METRICS_ENV}.",
-    )
+    tls_sni = click.Option(["--tls-sni"], multiple=True, metavar="DIR", help=help_of["--tls-sni"])
+    tls_metrics = click.Option(["--tls-metrics"], is_flag=True, default=False, help=help_of["--tls-metrics"])
     command.params = [*params[:after_ssl], interval, tls_sni, tls_metrics, *params[after_ssl:]]
     command.callback = _run
     return command

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import trustme
 
-import tlsreload_plugins.servers.gunicorn
 from tlstest import (
     HOST,
     LAYOUTS,
@@ -227,10 +226,6 @@ def test_unusable_files_at_start_stop_with_one_line(tmp_path: Path, ca: trustme.
     assert len(naming) == 1 and "cannot serve TLS" in naming[0], out
 
 
-GUNICORN_WIRED = "aiohttp" in Path(tlsreload_plugins.servers.gunicorn.__file__).read_text()
-
-
-@pytest.mark.skipif(not GUNICORN_WIRED, reason="the gunicorn drop-in does not call prepare_gunicorn_worker_class yet")
 def test_gunicorn_drop_in_refuses_aiohttps_worker_at_start(tmp_path: Path, ca: trustme.CA) -> None:
     layout = KubeletLayout(tmp_path / "tls")
     layout.install(issue(ca))

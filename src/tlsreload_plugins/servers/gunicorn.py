@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import inspect
 import logging
 import os
@@ -226,7 +227,7 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
                 f"cannot serve TLS: --keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
                 "(the key may be in the certificate file, not the other way round)"
             )
-        _prepare_uvicorn_worker(cfg)
+        _prepare_worker_class(cfg)
         _last_good = _last_good or SharedStore()
         check_at_start(_files(cfg), _gunicorn_recipe(cfg), resolve_password(None), settings, _last_good)
     except (CannotServe, ValueError) as e:
@@ -267,16 +268,32 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
     serve(worker, _gunicorn_recipe(worker.cfg), recipe_for, settings=settings)
 
 
+OTHER_SERVERS_WORKERS = {"uvicorn_worker": "uvicorn", "uvicorn": "uvicorn", "aiohttp": "aiohttp"}
+"""Worker classes another server ships, by its top-level package: the glue that knows how they build their
+context (its ``prepare_gunicorn_worker_class`` configures the class, or refuses it with one line)."""
+
+
+def _other_server(worker_class: Any) -> str | None:
+    """The glue module for a worker class another server ships, or ``None`` for gunicorn's own."""
+    for cls in inspect.getmro(worker_class):
+        glue = OTHER_SERVERS_WORKERS.get(cls.__module__.split(".")[0])
+        if glue is not None:
+            return glue
+    return None
+
+
 def _is_uvicorn_worker(worker_class: Any) -> bool:
-    return any(cls.__module__.split(".")[0] in ("uvicorn_worker", "uvicorn") for cls in inspect.getmro(worker_class))
+    return _other_server(worker_class) == "uvicorn"
 
 
-def _prepare_uvicorn_worker(cfg: Any) -> None:
+def _prepare_worker_class(cfg: Any) -> None:
+    """Raises ValueError with the reason when the worker class builds a context no hook of ours reaches."""
     worker_class: Any = cfg.worker_class
-    if isinstance(worker_class, type) and _is_uvicorn_worker(worker_class):
-        from . import uvicorn
-
-        uvicorn.prepare_gunicorn_worker_class(worker_class, cfg.worker_class_str)
+    glue = _other_server(worker_class) if isinstance(worker_class, type) else None
+    if glue is not None:
+        importlib.import_module(f"{__package__}.{glue}").prepare_gunicorn_worker_class(
+            worker_class, cfg.worker_class_str
+        )
 
 
 def _gunicorn_recipe(cfg: Any) -> Recipe:

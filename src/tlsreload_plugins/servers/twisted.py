@@ -1,0 +1,258 @@
+"""Reload TLS certificates in any Twisted server: the ``tlsreload:`` endpoint, ``ssl:`` plus live reload.
+
+daphne (Django Channels), ``twistd web`` and every Twisted service listen through endpoint strings.
+Twisted's ``ssl:`` endpoint builds one ``CertificateOptions``, which caches one ``OpenSSL.SSL.Context``
+for the life of the process. ``tlsreload:`` takes the same string (change the prefix only) and hands
+each new connection the newest validated context::
+
+    daphne -e tlsreload:8443:interface=0.0.0.0:privateKey=tls.key:certKey=tls.crt project.asgi:application
+    twistd -n web --listen tlsreload:8443:privateKey=tls.key:certKey=tls.crt --path .
+    serverFromString(reactor, "tlsreload:8443:privateKey=tls.key:certKey=tls.crt")
+
+Twisted finds the prefix through the plugin ``twisted/plugins/tlsreload_endpoint.py`` shipped with this
+package, which calls :func:`reloading_endpoint`. The keywords are exactly those of Twisted's own ``ssl:``
+parser (read from its signature, so a keyword Twisted adds is accepted and an unknown one refused as
+``ssl:`` refuses it), plus tlsreload's: ``interval`` (seconds), ``sni`` (directories of more identities,
+``os.pathsep``-separated, colons escaped ``\\:``), ``keyPasswordFile`` and ``caFile`` (client certificates
+required and verified against it); the ``TLSRELOAD_*`` variables apply as everywhere.
+
+Every context is built by Twisted's ``ssl:`` parser itself (same method, options, ciphers, DH parameters,
+``extraCertChain``), from the bytes of the files read safely by the core (regular files only, size-capped;
+a key with a password is decrypted in memory), so a handshake after a reload looks exactly like one
+before it. The recipe also builds a plain :class:`ssl.SSLContext` from the same bytes: the core's
+:class:`~tlsreload_plugins.Reloader` decides on that one (validated first, swapped whole), and each
+``CertificateOptions`` is kept beside the ``ssl.SSLContext`` it was built with. The checks run in a
+:class:`~tlsreload_plugins.ThreadDriver` started when the reactor runs (after ``twistd`` daemonizes) and
+stopped before it shuts down; the reactor thread only looks up the newest context per connection.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import ssl
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from OpenSSL.SSL import Connection
+    from twisted.internet import endpoints
+    from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
+    from twisted.internet.ssl import Certificate, trustRootFromCertificates
+    from twisted.logger import Logger, LogLevel
+    from zope.interface import implementer  # type: ignore[import-untyped, unused-ignore]
+except ImportError as e:  # the [twisted] extra: one clear line instead of a bare ModuleNotFoundError
+    raise ImportError(
+        f"tlsreload's tlsreload: endpoint needs Twisted with TLS ({e}): pip install 'tlsreload-plugins[twisted]'"
+    ) from e
+
+from .. import sni
+from ..drivers import ThreadDriver
+from ..files import Password, TLSFiles, password_bytes, password_file, read_files
+from ..lastgood import RecipeFor, in_memory_files
+from ..reloader import Reloader
+from ..serving import CannotServe, Settings, start_reloader
+from ..settings import resolve_password
+
+__all__ = ["EXTRA_KEYWORDS", "PREFIX", "NewestContext", "certificate_options", "reloaders", "reloading_endpoint"]
+
+log = logging.getLogger("tlsreload_plugins.twisted")
+
+PREFIX = "tlsreload"
+EXTRA_KEYWORDS = ("interval", "sni", "keyPasswordFile", "caFile")
+"""tlsreload's own keywords; every other keyword is the ``ssl:`` endpoint's."""
+_LISTEN_KEYWORDS = ("port", "interface", "backlog")
+_PEM_KEY = re.compile(rb"-----BEGIN ([A-Z ]*PRIVATE KEY)-----.+?-----END \1-----", re.DOTALL)
+_PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\r?\n?", re.DOTALL)
+
+_options: weakref.WeakKeyDictionary[ssl.SSLContext, Any] = weakref.WeakKeyDictionary()
+"""The ``CertificateOptions`` built beside each ``ssl.SSLContext`` a recipe returned (kept while the context lives)."""
+_reloaders: list[Reloader] = []
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders of the ``tlsreload:`` endpoints made in this process (health checks, metrics)."""
+    return list(_reloaders)
+
+
+def _ssl_parser() -> Any:
+    """Twisted's own ``ssl:`` parser: what ``serverFromString`` calls for ``ssl:`` (a private name, guarded)."""
+    parser = getattr(endpoints, "_serverParsers", {}).get("ssl")
+    if not callable(parser):
+        raise RuntimeError(
+            "this Twisted has no ssl: endpoint parser (twisted.internet.endpoints._serverParsers['ssl']) for "
+            "tlsreload: to build its contexts with; tlsreload does not support this Twisted"
+        )
+    return parser
+
+
+def _ssl_keywords(args: tuple[str, ...], kwargs: dict[str, str]) -> dict[str, Any]:
+    """Every argument of the ``ssl:`` endpoint, by name, defaults applied, bound as Twisted's parser binds them.
+
+    Raises:
+        TypeError: a keyword the ``ssl:`` endpoint does not take (or a missing port), as ``ssl:`` raises it.
+    """
+    parameters = list(inspect.signature(_ssl_parser()).parameters.values())
+    bound = inspect.Signature(parameters[1:]).bind(*args, **kwargs)  # the first is strports' leftover factory
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def certificate_options(context: ssl.SSLContext) -> Any:
+    """The ``CertificateOptions`` built with ``context`` by a ``tlsreload:`` recipe (its ``getContext()`` is
+    the ``OpenSSL.SSL.Context`` connections get)."""
+    return _options[context]
+
+
+def _key_in_memory(cert: bytes, key: bytes | None, password: Password) -> tuple[bytes, bytes | None]:
+    """The certificate and key to hand Twisted: as read, or with the key decrypted (Twisted's ``ssl:`` loads
+    no encrypted key) and the certificate file's own key left out."""
+    match = _PEM_KEY.search(key if key is not None else cert)
+    if password is None or match is None or b"ENCRYPTED" not in match.group(0):
+        return cert, key  # as OpenSSL does, a password is ignored for a key that has none
+    from cryptography.hazmat.primitives import serialization
+
+    private = serialization.load_pem_private_key(match.group(0), password_bytes(password))
+    plain = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return b"".join(_PEM_CERT.findall(cert)), plain
+
+
+def _recipe_for(
+    tls: dict[str, Any], port: str, password: Password, on_server_name: Callable[[Connection], None] | None = None
+) -> RecipeFor:
+    """Builds the ``ssl:`` endpoint's ``CertificateOptions`` for some files (``tls``: its other keywords) and a
+    plain ``ssl.SSLContext`` from the same bytes, the one returned (the core validates and swaps it)."""
+    parse_ssl = _ssl_parser()
+
+    def build(files: TLSFiles) -> ssl.SSLContext:
+        snapshot = read_files(files)  # regular files only, size-capped: never a FIFO's endless wait
+        cert, key = _key_in_memory(snapshot.cert, snapshot.key, password)
+        with in_memory_files(cert, key, snapshot.ca) as paths:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(paths.certfile, paths.keyfile)
+            (_, _, options), _ = parse_ssl(
+                None, port, privateKey=paths.keyfile or paths.certfile, certKey=paths.certfile, **tls
+            )
+            if paths.ca_certs:
+                context.load_verify_locations(paths.ca_certs)
+                context.verify_mode = ssl.CERT_REQUIRED
+                cas = [Certificate.loadPEM(pem) for pem in _PEM_CERT.findall(snapshot.ca or b"")]
+                # What CertificateOptions(trustRoot=...) sets: peer certificates verified and required.
+                trust_root: Any = trustRootFromCertificates  # untyped in Twisted
+                options.trustRoot = trust_root(cas)
+                options.verify = options.requireCertificate = True
+            built = options.getContext()  # built (and cached) here, in the checking thread: never on the reactor
+            if on_server_name is not None:
+                built.set_tlsext_servername_callback(on_server_name)
+        _options[context] = options
+        return context
+
+    return build
+
+
+def _sni_router(default: list[Reloader]) -> Callable[[Connection], None]:
+    """pyOpenSSL's servername callback: moves a connection onto the SNI identity serving its server name."""
+
+    def on_server_name(connection: Connection) -> None:
+        try:
+            name = connection.get_servername()
+            identities = sni.for_reloader(default[0]) if default else None
+            context = identities.context_for(name.decode("ascii")) if identities is not None and name else None
+            if context is not None:
+                connection.set_context(_options[context].getContext())
+        except Exception:  # the default identity answers rather than a failed handshake
+            log.exception("cannot route a TLS connection by its server name; the default certificate answers")
+
+    return on_server_name
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class NewestContext:
+    """Twisted's per-connection seam: each new connection gets the newest validated context, as the ``ssl:``
+    endpoint's ``CertificateOptions`` would make it; established connections keep theirs."""
+
+    def __init__(self, reloader: Reloader) -> None:
+        self.reloader = reloader
+
+    @property
+    def options(self) -> Any:
+        """The ``CertificateOptions`` new connections are made from now."""
+        return _options[self.reloader.newest_context]
+
+    def serverConnectionForTLS(self, protocol: Any) -> Connection:
+        options = self.options
+        make = getattr(options, "serverConnectionForTLS", None)  # older Twisted: a context factory only
+        return make(protocol) if make is not None else Connection(options.getContext(), None)
+
+
+def reloading_endpoint(reactor: Any, *args: str, **kwargs: str) -> Any:
+    """What ``tlsreload:`` parses to: an ``SSL4ServerEndpoint``, as ``ssl:`` gives, whose connections get the
+    newest validated context. The files are loaded now (as ``ssl:`` loads them); checks start when the
+    reactor runs and stop before it shuts down.
+
+    Raises:
+        TypeError: a keyword neither ``ssl:`` nor tlsreload takes.
+        ValueError: a tlsreload keyword's value is not usable (an interval that is not a number).
+        SystemExit: nothing usable to serve (after a few reads): one line naming the file, status 1, which is
+            how daphne and twistd stop; code of your own may catch it.
+
+    Example::
+
+        endpoint = serverFromString(reactor, "tlsreload:8443:privateKey=tls.key:certKey=tls.crt:interval=5")
+        endpoint.listen(site)
+    """
+    ours = {name: kwargs.pop(name) for name in EXTRA_KEYWORDS if name in kwargs}
+    tls = _ssl_keywords(args, kwargs)
+    port, interface, backlog = (tls.pop(name) for name in _LISTEN_KEYWORDS)
+    private_key, cert_key = tls.pop("privateKey"), tls.pop("certKey")
+    files = TLSFiles(cert_key or private_key, private_key if cert_key else None, ours.get("caFile") or None)
+    try:
+        interval = float(ours["interval"]) if "interval" in ours else None
+    except ValueError:
+        raise ValueError(f"tlsreload: interval must be a number of seconds, got {ours['interval']!r}") from None
+    settings = Settings(interval=interval, sni=ours.get("sni"))
+    password = resolve_password(password_file(ours["keyPasswordFile"]) if ours.get("keyPasswordFile") else None)
+    _route_logs()
+    default: list[Reloader] = []  # filled below: the router reads it on each handshake
+    router = _sni_router(default) if sni.resolve_directories(settings.sni) else None
+    recipe_for = _recipe_for(tls, str(port), password)
+    recipe = _recipe_for(tls, str(port), password, router)
+    try:
+        reloader = start_reloader(files, lambda: recipe(files), recipe_for, password=password, settings=settings)
+    except (CannotServe, ValueError) as e:
+        raise SystemExit(f"tlsreload: {e if isinstance(e, CannotServe) else f'cannot serve TLS: {e}'}") from None
+    default.append(reloader)
+    _reloaders.append(reloader)
+    driver = ThreadDriver(reloader)
+    reactor.callWhenRunning(driver.start)  # after twistd daemonizes: a thread does not survive its fork
+    reactor.addSystemEventTrigger("before", "shutdown", driver.stop)
+    ssl_endpoint: Any = endpoints.SSL4ServerEndpoint  # the ssl: endpoint's own class (untyped in Twisted)
+    return ssl_endpoint(reactor, int(port), NewestContext(reloader), int(backlog), interface)
+
+
+# -- logs ------------------------------------------------------------------------------------------
+
+_LEVELS = ((logging.ERROR, LogLevel.error), (logging.WARNING, LogLevel.warn), (logging.INFO, LogLevel.info))
+
+
+class _ToTwistedLog(logging.Handler):
+    """Hands the package's records to Twisted's log (twistd's), which configures no stdlib logging."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = next((twisted for number, twisted in _LEVELS if record.levelno >= number), LogLevel.debug)
+        Logger(namespace=record.name).emit(level, "{message}", message=f"tlsreload: {record.getMessage()}")
+
+
+def _route_logs() -> None:
+    """Show the package's lines in the server's log: daphne configures stdlib logging (left alone), twistd
+    only its own log (the lines go there). Left alone where the package's logger has handlers already."""
+    ours = logging.getLogger("tlsreload_plugins")
+    if ours.handlers or logging.getLogger().handlers:
+        return
+    ours.addHandler(_ToTwistedLog())
+    ours.setLevel(logging.INFO)
+    ours.propagate = False

@@ -25,9 +25,11 @@ in the order configured, subdirectories in sorted order (a WARNING names both, o
 lookup is two dictionary reads, whatever the number of identities. Finding the identities in
 the directories is :mod:`tlsreload_plugins.sni_discovery`'s.
 
-On every check of the default reloader (its driver's tick) the directories are scanned again:
-identities added are served once their files are valid, identities removed (gone on two scans
-in a row) stop being served, and each identity's files are checked as the default's are.
+On every check of the default reloader (its driver's tick), the identities whose directories the
+kernel saw change are checked as the default's files are, and a slice of the others
+(:mod:`tlsreload_plugins.sni_watch`: each is read in full at least every minute; every one on every
+tick where the kernel cannot report changes): identities added are served once their files are
+valid, identities removed (gone on two looks in a row) stop being served.
 
 Example (a server of your own; the adapters do this for you)::
 
@@ -46,20 +48,22 @@ import os
 import ssl
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 from . import metrics
 from .drivers import gevent_offload
 from .identity import InvalidIdentity, Password, TLSFiles
 from .lastgood import LastGood, RecipeFor, SharedStore
-from .reloader import Outcome, Reloader, Status
+from .reloader import Examined, Offload, Outcome, Reloader, Status, resolve_interval
 
 # Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that
 # `from tlsreload_plugins.sni import X` keeps working.
 from .sni_discovery import _MARKERS as _MARKERS
-from .sni_discovery import IDENTITY_FILES, SNI_ENV, _discover, _is_alive, discover, resolve_directories
+from .sni_discovery import IDENTITY_FILES, SNI_ENV, _is_alive, discover, resolve_directories
+from .sni_discovery import _discover as _discover
 from .sni_discovery import every_identity as every_identity
 from .sni_discovery import identity_files as identity_files
+from .sni_watch import ChangeTracker
 
 __all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
 
@@ -131,7 +135,9 @@ class SNIIdentities:
         self._lock = threading.Lock()  # one scan at a time
         self._identities: dict[str, Reloader] = {}
         self._table: dict[str, Reloader] = {}
-        self._served_leaves: tuple[tuple[str, str], ...] = ()
+        self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs)
+        self._found: dict[str, TLSFiles] = {}  # what the tracker found last
+        self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
         self._missing: set[str] = set()
         self._pending: dict[str, str] = {}
         self._unserved: dict[str, str] = {}
@@ -223,54 +229,93 @@ class SNIIdentities:
         self.check()
 
     def check(self, *, settle: bool = True) -> None:
-        """Scan the directories and check every identity once. Blocking (file I/O): drivers call it
-        through the default reloader's check, in their worker thread. Never raises for bad files."""
+        """Check the identities whose files changed since the last check (the kernel says which: see
+        :mod:`tlsreload_plugins.sni_watch`), a slice of the others, and new and removed ones; where the
+        kernel cannot say, every identity. Blocking (file I/O): drivers call it through the default
+        reloader's check, in their worker thread. Never raises for bad files."""
         with self._lock:
             offload = gevent_offload()
             self._note_directories()
-            found, shadowed = _discover(self.directories)
-            for files in shadowed:
+            tick = self._tracker.tick(also=self._again)
+            found = tick.found
+            for files in tick.shadowed:
                 if files.certfile not in self._shadowed_logged:
                     self._shadowed_logged.add(files.certfile)
                     log.warning(
                         "SNI identity %s is not served: an identity of the same name was found first",
                         os.path.dirname(files.certfile),
                     )
+            wanted = tick.check | self._pending.keys() | self._missing
+            self._again = set()
             current = self._identities
-            served: dict[str, Reloader] = {}
-            for name, files in found.items():  # in precedence order
-                self._missing.discard(name)
-                known = current.get(name)
-                if known is None:
-                    known = self._add(name, files, settle)
-                else:
-                    known.check(settle=settle, offload=offload)
-                if known is not None:
-                    served[name] = known
-            for name, reloader in current.items():
-                if name in found:
-                    continue
-                if _is_alive(reloader.files):  # certbot relinking its files one at a time
-                    self._missing.discard(name)
-                    reloader.check(settle=settle, offload=offload)
-                elif name not in self._missing:  # gone once: served until the next scan confirms it
-                    self._missing.add(name)
-                else:
-                    self._missing.discard(name)
-                    log.info("SNI identity %s removed: its names now get the default certificate", name)
-                    if self.store is not None:
-                        self.store.forget(name)
-                    continue
-                served[name] = reloader
-            for name in [*self._pending, *self._unserved]:
-                if name not in found:
-                    self._pending.pop(name, None)
-                    self._unserved.pop(name, None)
-            self._identities = served  # replaced, never mutated: status() may iterate the old one
-            leaves = tuple((name, reloader.leaf.sha256) for name, reloader in served.items())
-            if leaves != self._served_leaves:
-                self._served_leaves = leaves
+            rebuild = False
+            if found is self._found and not self._missing:  # nobody added or removed: only those wanted
+                added: dict[str, Reloader] = {}
+                for name in wanted:
+                    known = current.get(name)
+                    if known is not None:
+                        rebuild |= self._check_one(name, known, settle, offload)
+                    elif name in found:
+                        fresh = self._add(name, found[name], settle)
+                        if fresh is not None:
+                            added[name] = fresh
+                if added:  # in precedence order
+                    served = {**current, **added}
+                    self._identities = {name: served[name] for name in found if name in served}
+                    rebuild = True
+            else:
+                rebuild = True
+                self._identities = self._walk(found, wanted, settle, offload)
+            self._found = found
+            if rebuild:
                 self._rebuild()
+
+    def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
+        """Check one served identity; whether its leaf changed (the routing table may have to follow)."""
+        outcome = reloader.check(settle=settle, offload=offload)
+        if outcome is not Outcome.UNCHANGED:
+            self._tracker.resolved(name)
+        if outcome is Outcome.PENDING:
+            self._again.add(name)
+        return outcome is Outcome.RELOADED
+
+    def _walk(
+        self, found: dict[str, TLSFiles], wanted: Set[str], settle: bool, offload: Offload[Examined] | None
+    ) -> dict[str, Reloader]:
+        """The identities to serve now that some were added or removed: every one found (in precedence
+        order), new ones added, those gone once kept until the next look confirms it."""
+        current = self._identities
+        served: dict[str, Reloader] = {}
+        for name, files in found.items():  # in precedence order
+            self._missing.discard(name)
+            known = current.get(name)
+            if known is None:
+                known = self._add(name, files, settle)
+            elif name in wanted:
+                self._check_one(name, known, settle, offload)
+            if known is not None:
+                served[name] = known
+        for name, reloader in current.items():
+            if name in found:
+                continue
+            if _is_alive(reloader.files):  # certbot relinking its files one at a time
+                self._missing.discard(name)
+                self._again.add(name)
+                reloader.check(settle=settle, offload=offload)
+            elif name not in self._missing:  # gone once: served until the next look confirms it
+                self._missing.add(name)
+            else:
+                self._missing.discard(name)
+                log.info("SNI identity %s removed: its names now get the default certificate", name)
+                if self.store is not None:
+                    self.store.forget(name)
+                continue
+            served[name] = reloader
+        for name in [*self._pending, *self._unserved]:
+            if name not in found:
+                self._pending.pop(name, None)
+                self._unserved.pop(name, None)
+        return served  # replaced, never mutated: status() may iterate the old one
 
     def _note_directories(self) -> None:
         for directory in self.directories:

@@ -1,0 +1,99 @@
+"""Full-handshake throughput and server CPU per handshake for aiohttp, websockets and Tornado, plugin against stock.
+
+The method and the table are those of ``handshake_throughput.py`` (which it imports): for each server, a
+stock and a plugin server (:mod:`asyncio_bench_servers`, one process each, same certificate files) run side
+by side, with one ``openssl s_server`` on the same files as the ceiling, measured in rotating rounds with
+``openssl s_time -new`` and with Python client processes, then with the paired client (both servers in the
+same windows); server CPU is the user+system time of each server's process group.
+
+Stock loads its pair once; the plugin builds the same context once and adds one ``sni_callback`` per
+handshake and a check of the files every second, in a thread. ``tornado-dict`` compares the plugin with
+Tornado given its ``ssl_options`` dictionary, which rebuilds a context (reading the files) for every
+connection: the way Tornado's documentation configures TLS. Target (``handshake_throughput.target_for``):
+the plugin's server CPU per handshake within 3 % of stock's (paired client), for each server; the plugin's
+fraction of the s_server ceiling at least stock's (python client). The rest is reported.
+
+    python benchmarks/asyncio_servers_handshakes.py              # 5 rounds x 3 s per side, 15 paired windows
+    python benchmarks/asyncio_servers_handshakes.py --quick      # 2 rounds x 1 s: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import benchkit as kit
+import handshake_throughput
+
+SERVERS = ("aiohttp", "websockets", "tornado", "tornado-dict")
+"""``tornado-dict``: stock Tornado given its ``ssl_options`` dictionary, which it turns into a context for every
+connection (reading the files each time); ``tornado``: the dictionary turned into a context once."""
+PACKAGES = ("aiohttp", "websockets", "tornado")
+
+
+def command(server: str, plugin: bool, certfile: Path, keyfile: Path, port: int) -> list[str]:
+    """The command line of ``server``, with (``plugin``) or without the plugin."""
+    script = str(kit.BENCH_DIR / "asyncio_bench_servers.py")
+    files = ["--certfile", str(certfile), "--keyfile", str(keyfile)]
+    return [sys.executable, script, server, "plugin" if plugin else "stock", *files, "--port", str(port)]
+
+
+@contextlib.contextmanager
+def running(server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path) -> Iterator[kit.Server]:
+    """Start, wait until it answers over TLS (and says whether the plugin is loaded), yield, always stop the
+    whole process group."""
+    port = kit.free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log_path = log_dir / f"{server}-{'plugin' if plugin else 'stock'}-{port}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            command(server, plugin, certfile, keyfile, port),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log_dir,
+            start_new_session=True,
+        )
+    handle = kit.Server(server, plugin, port, proc, log_path)
+    try:
+        kit.wait_ready(handle, 60.0)
+        yield handle
+    finally:
+        kit.stop_process_group(proc)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    result = handshake_throughput.run(args, start=running, benchmark="asyncio_servers_handshakes")
+    result["settings"].update({name: metadata.version(name) for name in PACKAGES})
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    versions = ", ".join(f"{name} {s[name]}" for name in PACKAGES)
+    title = f"### Full-handshake throughput: {versions}"
+    return handshake_throughput.report(result).replace("### Full-handshake throughput", title, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
+    kinds = handshake_throughput.CLIENT_KINDS
+    parser.add_argument("--clients-kind", nargs="+", default=kinds, choices=kinds)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--paired-rounds", type=int, default=15, help="windows of the paired client")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per side per round (s_time rounds to whole s)")
+    parser.add_argument("--clients", type=int, default=2, help="python client processes")
+    parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
+    return kit.run_script(parser, argv, {"rounds": 2, "paired_rounds": 2, "seconds": 1.0}, run, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Full-handshake throughput and server CPU per handshake under Twisted: ``tlsreload:`` against ``ssl:``.
+
+The method and the table are those of ``handshake_throughput.py`` (which it imports): for each server, one
+process listening on ``ssl:`` (stock: Twisted's own endpoint, its ``CertificateOptions`` built once) and
+one on ``tlsreload:`` (the plugin), same files and options, run side by side, with one ``openssl s_server``
+on the same files as the ceiling; measured in rotating rounds with ``openssl s_time -new``, with Python
+client processes, and with the paired client (both servers in the same windows). Server CPU is the
+user+system time of each server's process.
+
+* ``daphne``: ``daphne -e ssl:...`` against ``daphne -e tlsreload:...``, serving tlsbench_apps' ASGI app.
+* ``twistd-web``: ``twistd -n web --listen ssl:...`` against ``--listen tlsreload:...``, serving
+  tlsbench_apps' WSGI app (``--wsgi``).
+
+What ``tlsreload:`` adds to a handshake: a dictionary lookup and one attribute read to find the newest
+``CertificateOptions`` when the connection is made; the handshake itself runs on the same kind of context,
+built by the same ``ssl:`` recipe. Target (``handshake_throughput.target_for``): the plugin's server CPU per
+handshake within 3 % of stock's (paired client). The rate ratios and the other clients' CPU are reported.
+
+    python benchmarks/twisted_handshakes.py              # daphne and twistd web, 5 rounds x 3 s per side
+    python benchmarks/twisted_handshakes.py --quick      # 2 rounds x 1 s: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import benchkit as kit
+import handshake_throughput
+
+SERVERS = ("daphne", "twistd-web")
+TWISTD = str(Path(sys.executable).parent / "twistd")
+
+
+def quote(value: object) -> str:
+    """An endpoint string argument with its backslashes and colons escaped (Twisted's quoteStringArgument)."""
+    return str(value).replace("\\", "\\\\").replace(":", "\\:")
+
+
+def twisted_command(server: str, plugin: bool, certfile: Path, keyfile: Path, port: int) -> list[str]:
+    """The command line of ``server`` on ``tlsreload:`` (``plugin``) or ``ssl:``, as docs/twisted.md documents."""
+    prefix = "tlsreload" if plugin else "ssl"
+    endpoint = f"{prefix}:{port}:interface={kit.HOST}:privateKey={quote(keyfile)}:certKey={quote(certfile)}"
+    if server == "daphne":
+        return [sys.executable, "-m", "daphne", "-e", endpoint, "tlsbench_apps:asgi"]
+    return [TWISTD, "-n", "--pidfile=", "web", "--listen", endpoint, "--wsgi", "tlsbench_apps.wsgi"]
+
+
+@contextlib.contextmanager
+def running_twisted(server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path) -> Iterator[kit.Server]:
+    """:func:`benchkit.running_server` for daphne and twistd: start, wait until it answers over TLS (and says
+    whether the plugin is loaded), yield, always stop the whole process group."""
+    port = kit.free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(kit.BENCH_DIR), env.get("PYTHONPATH", "")) if p)
+    log_path = log_dir / f"{server}-{'plugin' if plugin else 'stock'}-{port}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            twisted_command(server, plugin, certfile, keyfile, port),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log_dir,
+            start_new_session=True,
+        )
+    handle = kit.Server(server, plugin, port, proc, log_path)
+    try:
+        kit.wait_ready(handle, 60.0)
+        yield handle
+    finally:
+        kit.stop_process_group(proc)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    result = handshake_throughput.run(args, start=running_twisted, benchmark="twisted_handshakes")
+    result["settings"].update(
+        twisted=metadata.version("twisted"), daphne=metadata.version("daphne"), pyopenssl=metadata.version("pyopenssl")
+    )
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    title = (
+        f"### Full-handshake throughput: Twisted {s['twisted']} (daphne {s['daphne']}, pyOpenSSL {s['pyopenssl']}); "
+        "stock = `ssl:`, plugin = `tlsreload:`"
+    )
+    return handshake_throughput.report(result).replace("### Full-handshake throughput", title, 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
+    kinds = handshake_throughput.CLIENT_KINDS
+    parser.add_argument("--clients-kind", nargs="+", default=kinds, choices=kinds)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--paired-rounds", type=int, default=15, help="windows of the paired client")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per side per round (s_time rounds to whole s)")
+    parser.add_argument("--clients", type=int, default=2, help="python client processes")
+    parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
+    return kit.run_script(parser, argv, {"rounds": 2, "paired_rounds": 2, "seconds": 1.0}, run, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,7 @@ Prometheus metrics (:mod:`tlsreload_plugins.metrics`) when asked for.
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import Iterable
 from types import TracebackType
@@ -28,10 +29,21 @@ from .lastgood import RecipeFor
 from .reloader import Reloader, Status
 from .settings import resolve_password
 
-__all__ = ["FreshContext", "fresh_context"]
+__all__ = ["FreshContext", "fresh_context", "reloaders"]
 
 STOP_TIMEOUT = 10.0
 """Seconds :meth:`FreshContext.close` waits for a check in progress to end (a check takes milliseconds)."""
+
+
+_open: dict[FreshContext, int] = {}
+"""Every context :func:`fresh_context` made that is still checked, with the pid that made it."""
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders of the contexts :func:`fresh_context` made in this process and not closed (for health
+    checks and metrics; the glue of servers built on it answers its ``reloaders()`` with this)."""
+    pid = os.getpid()
+    return [fresh.reloader for fresh, owner in list(_open.items()) if owner == pid]
 
 
 class FreshContext:
@@ -64,6 +76,7 @@ class FreshContext:
     def close(self) -> None:
         """Stop the checks and wait for the checking thread to end. Idempotent; the context keeps
         serving the certificate it serves now."""
+        _open.pop(self, None)
         self._driver.stop(STOP_TIMEOUT)
 
     def __enter__(self) -> ssl.SSLContext:
@@ -158,7 +171,9 @@ def fresh_context(
         interval=interval,
     )
     _equip(reloader, sni, recipe_for, export_metrics)
-    return FreshContext(reloader, ThreadDriver(reloader).start())
+    fresh = FreshContext(reloader, ThreadDriver(reloader).start())
+    _open[fresh] = os.getpid()
+    return fresh
 
 
 def _equip(reloader: Reloader, sni: Iterable[str] | str | None, recipe_for: RecipeFor, export_metrics: bool) -> None:

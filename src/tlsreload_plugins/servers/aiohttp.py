@@ -21,27 +21,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from ..fresh import FreshContext, fresh_context
+from ..fresh import FreshContext, fresh_context, reloaders
 from ..lastgood import RecipeFor
-from ..reloader import Reloader
 
 __all__ = ["prepare_gunicorn_worker_class", "reloaders", "reloading"]
 
 log = logging.getLogger("tlsreload_plugins.aiohttp")
-
-_serving: dict[FreshContext, int] = {}
-"""Every context :func:`reloading` made that is still checked, with the pid that made it."""
-
-
-def reloaders() -> list[Reloader]:
-    """The reloaders :func:`reloading` made in this process whose app has not ended (health checks, metrics)."""
-    pid = os.getpid()
-    return [fresh.reloader for fresh, owner in _serving.items() if owner == pid]
 
 
 def reloading(
@@ -92,7 +81,6 @@ def reloading(
         recipe=recipe,
         metrics=metrics,
     )
-    _serving[fresh] = os.getpid()
     app.cleanup_ctx.insert(0, _checking_while_the_app_runs(fresh))
     return fresh.context
 
@@ -102,7 +90,6 @@ def _checking_while_the_app_runs(fresh: FreshContext) -> Callable[[Any], AsyncIt
         try:
             yield
         finally:
-            _serving.pop(fresh, None)
             # close() joins the checking thread, which may be in the middle of a check: not on the loop.
             await asyncio.get_running_loop().run_in_executor(None, fresh.close)
             log.debug("stopped checking %s", fresh.reloader.files.describe())

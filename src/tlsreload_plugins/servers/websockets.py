@@ -21,26 +21,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator, Iterable
 
-from ..fresh import FreshContext, fresh_context
+from ..fresh import fresh_context, reloaders
 from ..lastgood import RecipeFor
-from ..reloader import Reloader
 
 __all__ = ["reloaders", "reloading_ssl"]
 
 log = logging.getLogger("tlsreload_plugins.websockets")
-
-_serving: dict[FreshContext, int] = {}
-"""Every context :func:`reloading_ssl` made whose block has not ended, with the pid that made it."""
-
-
-def reloaders() -> list[Reloader]:
-    """The reloaders of this process's open :func:`reloading_ssl` blocks (for health checks, metrics)."""
-    pid = os.getpid()
-    return [fresh.reloader for fresh, owner in _serving.items() if owner == pid]
 
 
 @contextlib.asynccontextmanager
@@ -89,11 +78,9 @@ async def reloading_ssl(
         metrics=metrics,
     )
     fresh = await loop.run_in_executor(None, make)
-    _serving[fresh] = os.getpid()
     try:
         yield fresh.context
     finally:
-        _serving.pop(fresh, None)
         # close() joins the checking thread, which may be in the middle of a check: not on the loop.
         await loop.run_in_executor(None, fresh.close)
         log.debug("stopped checking %s", fresh.reloader.files.describe())

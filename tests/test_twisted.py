@@ -411,7 +411,8 @@ def test_client_ca_key_password_and_sni_identity_reload(tmp_path: Path, ca: trus
     password = tmp_path / "key-password"
     password.write_text("s3cret\n")
     other = KubeletLayout(tmp_path / "sni" / "other")
-    other_first = issue(ca, "other.test")
+    other_issuer = ca.create_child_ca()  # the identity's own chain must be sent: clients trust the root only
+    other_first = issue(other_issuer, "other.test")
     other.install(other_first)
     port = free_port()
     description = tlsreload(
@@ -441,7 +442,7 @@ def test_client_ca_key_password_and_sni_identity_reload(tmp_path: Path, ca: trus
         layout.write_files({"tls.crt": third.chain, "tls.key": third.key, "ca.crt": new_clients.cert_pem.bytes()})
         wait_until(lambda: get(port, new_client)[0] == third.serial, DEADLINE, what="the new password's key")
 
-        other_second = issue(ca, "other.test")
+        other_second = issue(other_issuer, "other.test")
         other.install(other_second)
         wait_until(
             lambda: get(port, new_client, server_name="other.test")[0] == other_second.serial,

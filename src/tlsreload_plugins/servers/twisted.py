@@ -1,29 +1,19 @@
 """Reload TLS certificates in any Twisted server: the ``tlsreload:`` endpoint, ``ssl:`` plus live reload.
 
-daphne (Django Channels), ``twistd web`` and every Twisted service listen through endpoint strings.
-Twisted's ``ssl:`` endpoint builds one ``CertificateOptions``, which caches one ``OpenSSL.SSL.Context``
-for the life of the process. ``tlsreload:`` takes the same string (change the prefix only) and hands
-each new connection the newest validated context::
-
-    daphne -e tlsreload:8443:interface=0.0.0.0:privateKey=tls.key:certKey=tls.crt project.asgi:application
-    twistd -n web --listen tlsreload:8443:privateKey=tls.key:certKey=tls.crt --path .
-    serverFromString(reactor, "tlsreload:8443:privateKey=tls.key:certKey=tls.crt")
-
-Twisted finds the prefix through the plugin ``twisted/plugins/tlsreload_endpoint.py`` shipped with this
-package, which calls :func:`reloading_endpoint`. The keywords are exactly those of Twisted's own ``ssl:``
-parser (read from its signature, so a keyword Twisted adds is accepted and an unknown one refused as
-``ssl:`` refuses it), plus tlsreload's: ``interval`` (seconds), ``sni`` (directories of more identities,
-``os.pathsep``-separated, colons escaped ``\\:``), ``keyPasswordFile`` and ``caFile`` (client certificates
-required and verified against it); the ``TLSRELOAD_*`` variables apply as everywhere.
+daphne, ``twistd web`` and every Twisted service listen through endpoint strings; Twisted's ``ssl:``
+endpoint caches one ``OpenSSL.SSL.Context`` for the life of the process. ``tlsreload:`` takes the same
+string (``daphne -e tlsreload:8443:privateKey=tls.key:certKey=tls.crt app``) and hands each new connection
+the newest validated context. Twisted finds the prefix through the plugin ``twisted/plugins/tlsreload_endpoint.py``
+shipped with this package, which calls :func:`reloading_endpoint`. The keywords are exactly those of
+Twisted's own ``ssl:`` parser (bound to its signature), plus :data:`EXTRA_KEYWORDS`; ``TLSRELOAD_*`` apply.
 
 Every context is built by Twisted's ``ssl:`` parser itself (same method, options, ciphers, DH parameters,
-``extraCertChain``), from the bytes of the files read safely by the core (regular files only, size-capped;
-a key with a password is decrypted in memory), so a handshake after a reload looks exactly like one
-before it. The recipe also builds a plain :class:`ssl.SSLContext` from the same bytes: the core's
-:class:`~tlsreload_plugins.Reloader` decides on that one (validated first, swapped whole), and each
-``CertificateOptions`` is kept beside the ``ssl.SSLContext`` it was built with. The checks run in a
-:class:`~tlsreload_plugins.ThreadDriver` started when the reactor runs (after ``twistd`` daemonizes) and
-stopped before it shuts down; the reactor thread only looks up the newest context per connection.
+``extraCertChain``) from the bytes the core's reader read (a key with a password decrypted in memory),
+beside a plain :class:`ssl.SSLContext` from the same bytes, which the core's
+:class:`~tlsreload_plugins.Reloader` validates and swaps; each ``CertificateOptions`` is kept beside the
+``ssl.SSLContext`` it was built with. Checks run in a :class:`~tlsreload_plugins.ThreadDriver` started
+when the reactor runs (after ``twistd`` daemonizes) and stopped before it shuts down; the reactor thread
+only looks up the newest context per connection. See docs/twisted.md.
 """
 
 from __future__ import annotations
@@ -56,13 +46,13 @@ from ..reloader import Reloader
 from ..serving import CannotServe, Settings, start_reloader
 from ..settings import resolve_password
 
-__all__ = ["EXTRA_KEYWORDS", "PREFIX", "NewestContext", "certificate_options", "reloaders", "reloading_endpoint"]
+__all__ = ["EXTRA_KEYWORDS", "NewestContext", "reloaders", "reloading_endpoint"]
 
 log = logging.getLogger("tlsreload_plugins.twisted")
 
-PREFIX = "tlsreload"
 EXTRA_KEYWORDS = ("interval", "sni", "keyPasswordFile", "caFile")
-"""tlsreload's own keywords; every other keyword is the ``ssl:`` endpoint's."""
+"""tlsreload's own keywords: seconds between checks, SNI directories (``os.pathsep``-separated, colons escaped
+``\\:``), a file holding the key's password, client CAs (client certificates then required)."""
 _LISTEN_KEYWORDS = ("port", "interface", "backlog")
 _PEM_KEY = re.compile(rb"-----BEGIN ([A-Z ]*PRIVATE KEY)-----.+?-----END \1-----", re.DOTALL)
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\r?\n?", re.DOTALL)
@@ -100,12 +90,6 @@ def _ssl_keywords(args: tuple[str, ...], kwargs: dict[str, str]) -> dict[str, An
     return dict(bound.arguments)
 
 
-def certificate_options(context: ssl.SSLContext) -> Any:
-    """The ``CertificateOptions`` built with ``context`` by a ``tlsreload:`` recipe (its ``getContext()`` is
-    the ``OpenSSL.SSL.Context`` connections get)."""
-    return _options[context]
-
-
 def _key_in_memory(cert: bytes, key: bytes | None, password: Password) -> tuple[bytes, bytes | None]:
     """The certificate and key to hand Twisted: as read, or with the key decrypted (Twisted's ``ssl:`` loads
     no encrypted key) and the certificate file's own key left out."""
@@ -122,20 +106,28 @@ def _key_in_memory(cert: bytes, key: bytes | None, password: Password) -> tuple[
 
 
 def _recipe_for(
-    tls: dict[str, Any], port: str, password: Password, on_server_name: Callable[[Connection], None] | None = None
+    tls: dict[str, Any],
+    port: str,
+    password: Password,
+    on_server_name: Callable[[Connection], None] | None = None,
+    own_chain: bool = False,
 ) -> RecipeFor:
     """Builds the ``ssl:`` endpoint's ``CertificateOptions`` for some files (``tls``: its other keywords) and a
-    plain ``ssl.SSLContext`` from the same bytes, the one returned (the core validates and swaps it)."""
+    plain ``ssl.SSLContext`` from the same bytes, the one returned (the core validates and swaps it).
+    ``own_chain`` (SNI identities): the certificates after the leaf in the files' own certificate file are
+    the ``extraCertChain``, instead of the configured one (the default identity's)."""
     parse_ssl = _ssl_parser()
 
     def build(files: TLSFiles) -> ssl.SSLContext:
         snapshot = read_files(files)  # regular files only, size-capped: never a FIFO's endless wait
         cert, key = _key_in_memory(snapshot.cert, snapshot.key, password)
-        with in_memory_files(cert, key, snapshot.ca) as paths:
+        chain = b"".join(_PEM_CERT.findall(cert)[1:]) if own_chain else b""
+        with in_memory_files(cert, key, snapshot.ca) as paths, in_memory_files(chain, None, None) as extra:
+            keywords = {**tls, "extraCertChain": extra.certfile if chain else None} if own_chain else tls
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(paths.certfile, paths.keyfile)
             (_, _, options), _ = parse_ssl(
-                None, port, privateKey=paths.keyfile or paths.certfile, certKey=paths.certfile, **tls
+                None, port, privateKey=paths.keyfile or paths.certfile, certKey=paths.certfile, **keywords
             )
             if paths.ca_certs:
                 context.load_verify_locations(paths.ca_certs)
@@ -219,12 +211,12 @@ def reloading_endpoint(reactor: Any, *args: str, **kwargs: str) -> Any:
     _route_logs()
     default: list[Reloader] = []  # filled below: the router reads it on each handshake
     router = _sni_router(default) if sni.resolve_directories(settings.sni) else None
-    recipe_for = _recipe_for(tls, str(port), password)
+    recipe_for = _recipe_for(tls, str(port), password, own_chain=True)
     recipe = _recipe_for(tls, str(port), password, router)
     try:
         reloader = start_reloader(files, lambda: recipe(files), recipe_for, password=password, settings=settings)
-    except (CannotServe, ValueError) as e:
-        raise SystemExit(f"tlsreload: {e if isinstance(e, CannotServe) else f'cannot serve TLS: {e}'}") from None
+    except CannotServe as e:  # what daphne and twistd can do with it: stop, with one line
+        raise SystemExit(f"tlsreload: {e}") from None
     default.append(reloader)
     _reloaders.append(reloader)
     driver = ThreadDriver(reloader)

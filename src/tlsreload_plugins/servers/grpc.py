@@ -1,0 +1,271 @@
+"""Reload TLS certificates inside gRPC servers (``grpc.server``, ``grpc.aio.server``): one line.
+
+gRPC's TLS is in its C core, which takes PEM bytes, not an :class:`ssl.SSLContext`. Its seam for new
+certificates is ``grpc.dynamic_ssl_server_credentials(initial, fetcher)``: the C core calls ``fetcher()``
+before *every* new connection's handshake. :func:`server_credentials` gives it a fetcher that does no
+I/O and parses nothing: the newest validated configuration once, when there is one, else ``None``.
+The files are checked by the core (a :class:`~tlsreload_plugins.Reloader` on a
+:class:`~tlsreload_plugins.ThreadDriver`, off any event loop) by the rules of every server: a torn,
+mismatched, expired or hostile pair never reaches gRPC; the last good keeps serving; the failure is
+reported once, file named, counted in ``status()`` and metrics.
+
+The reloader's recipe builds a plain :class:`ssl.SSLContext` (OpenSSL's verdict on the files). gRPC
+gets exactly the bytes the reloader validated and put in service, as its last good store keeps them
+(a :class:`~tlsreload_plugins.lastgood.SharedStore` of this process): the configured pair first (what
+a handshake naming no listed server gets), then each SNI identity's (gRPC picks by server name), and
+the client-CA bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import ssl
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+
+try:
+    import grpc  # type: ignore[import-untyped, import-not-found, unused-ignore]
+except ImportError as e:  # the [grpc] extra: one clear line instead of a bare ModuleNotFoundError
+    raise ImportError(
+        f"tlsreload_plugins.grpc needs grpcio, which is not installed ({e}): pip install 'tlsreload-plugins[grpc]'"
+    ) from e
+
+from .. import identity, sni
+from ..drivers import ThreadDriver
+from ..files import Password, TLSFiles, password_bytes
+from ..lastgood import LastGood, RecipeFor, SharedStore
+from ..reloader import Outcome, Reloader, Status, load_identity
+from ..serving import Settings, equip, retry_at_start
+from ..settings import resolve_password
+from ..store import DEFAULT, Parts
+
+__all__ = ["ReloadingCredentials", "reloaders", "server_credentials"]
+
+log = logging.getLogger("tlsreload_plugins.grpc")
+
+STOP_TIMEOUT = 10.0
+"""Seconds :meth:`ReloadingCredentials.close` waits for a check in progress to end (a check takes milliseconds)."""
+
+# The credentials not closed yet, by reloader, with the process that made them (a forked child has no
+# checking thread): what reloaders() lists.
+_open: dict[Reloader, int] = {}
+_open_lock = threading.Lock()
+
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----.+?-----END \1-----\r?\n?", re.DOTALL)
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders of the :func:`server_credentials` made in this process and not closed (health checks, metrics)."""
+    with _open_lock:
+        return [reloader for reloader, pid in _open.items() if pid == os.getpid()]
+
+
+class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused-ignore]
+    """``grpc.ServerCredentials`` whose certificate follows the files: pass it to ``add_secure_port``.
+
+    Made by :func:`server_credentials` (no public constructor). :meth:`close` (or leaving the ``with``
+    block) stops the checks; the server keeps the certificate it serves.
+
+    Attributes:
+        reloader: the :class:`~tlsreload_plugins.Reloader` checking the configured files (its SNI
+            identities: ``tlsreload_plugins.sni.for_reloader(credentials.reloader)``).
+        configurations: how many gRPC configurations were built (the first included).
+        handed: how many new configurations gRPC took since start-up (each took effect for the
+            connections accepted after it).
+    """
+
+    def __init__(self, reloader: Reloader, store: SharedStore, require_client_auth: bool) -> None:
+        self.reloader = reloader
+        self._store = store
+        self._lock = threading.Lock()  # one build at a time: a reload_now's callbacks may overlap the ticker's
+        self._served = _served(reloader, store)
+        self._refused: list[tuple[str, Parts]] | None = None
+        self._newest = _configuration(self._served, reloader.password)
+        self._handed = self._newest  # gRPC takes the initial configuration itself
+        self.configurations, self.handed = 1, 0
+        made = grpc.dynamic_ssl_server_credentials(
+            self._newest, self.fetch_configuration, require_client_authentication=require_client_auth
+        )
+        inner = getattr(made, "_credentials", None)
+        if inner is None:  # grpc.ServerCredentials has held its C credentials there since grpcio 1.0
+            raise RuntimeError(f"tlsreload does not support this grpcio ({grpc.__version__}): its credentials changed")
+        super().__init__(inner)
+        reloader.add_callbacks(on_check=self._after_check)
+        self._driver = ThreadDriver(reloader)
+
+    def fetch_configuration(self) -> grpc.ServerCertificateConfiguration | None:
+        """What gRPC calls before each handshake: the newest validated configuration once, else ``None``.
+        No I/O, no parsing, no lock (two connections racing may both get it: gRPC builds it twice)."""
+        newest = self._newest
+        if newest is self._handed:
+            return None
+        self._handed = newest
+        self.handed += 1
+        return newest
+
+    def _after_check(self, outcome: Outcome, status: Status) -> None:
+        # In the checking thread, after the SNI identities were checked too (their callback came first).
+        served = _served(self.reloader, self._store)
+        if served == self._served or served == self._refused:  # the usual tick: the same bytes objects
+            return
+        with self._lock:
+            try:
+                self._newest = _configuration(served, self.reloader.password)
+            except Exception as e:  # the key's password changed since it was validated, say
+                self._refused = served
+                log.error("cannot hand gRPC the new certificate (%s): it keeps serving the previous one", e)
+                return
+            self._served = served
+            self.configurations += 1
+        log.debug("gRPC gets %d identities for new connections: %s", len(served), [name for name, _ in served])
+
+    def status(self) -> Status:
+        """The configured identity's certificate and counters (:class:`~tlsreload_plugins.Status`); never waits."""
+        return self.reloader.status()
+
+    @property
+    def running(self) -> bool:
+        """Whether the checking thread is alive."""
+        return self._driver.running
+
+    def close(self) -> None:
+        """Stop the checks and wait for the checking thread to end. Idempotent; the server keeps serving
+        the certificate it serves now."""
+        self._driver.stop(STOP_TIMEOUT)
+        with _open_lock:
+            _open.pop(self.reloader, None)
+
+    def __enter__(self) -> ReloadingCredentials:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def server_credentials(
+    certfile: str,
+    keyfile: str | None = None,
+    *,
+    ca_certs: str | None = None,
+    require_client_auth: bool | None = None,
+    password_file: str | None = None,
+    sni: Sequence[str] | str | None = None,
+    interval: float | None = None,
+    metrics: bool | None = None,
+) -> ReloadingCredentials:
+    """Server credentials for ``add_secure_port`` that follow ``certfile`` and ``keyfile`` on disk.
+
+    The files are read and validated now (twice more, half a second apart, if they cannot be used:
+    a rotation may be under way), then checked every ``interval`` in a daemon thread. The same call
+    serves ``grpc.server`` and ``grpc.aio.server``; one call per ``add_secure_port`` (gRPC hands a
+    dynamic credentials' first configuration to one port only).
+
+    Args:
+        certfile: the certificate chain (PEM), leaf first; may hold the key too.
+        keyfile: the private key (PEM), ``None`` when it is in ``certfile``.
+        ca_certs: a bundle of CAs client certificates are verified against (mutual TLS), reloaded
+            like the pair.
+        require_client_auth: refuse clients without a certificate from ``ca_certs``; default: when
+            ``ca_certs`` is given. ``False`` with ``ca_certs``: client certificates are not asked for.
+        password_file: a file whose first line is the key's password, read again on each reload
+            (default ``$TLSRELOAD_KEY_PASSWORD_FILE``, else none). gRPC gets the key decrypted, in memory.
+        sni: directories of more identities, chosen by gRPC by the server name a client asks for (a
+            sequence, or one ``os.pathsep``-separated string; default ``$TLSRELOAD_SNI``).
+        interval: seconds between checks, at least 0.1 (default ``$TLSRELOAD_INTERVAL``, else 1).
+        metrics: export Prometheus metrics (:mod:`tlsreload_plugins.metrics`; default ``$TLSRELOAD_METRICS``).
+
+    Returns:
+        :class:`ReloadingCredentials`: a ``grpc.ServerCredentials`` with ``status()`` and ``close()``;
+        as a context manager it gives itself and closes on exit.
+
+    Raises:
+        InvalidIdentity: the files cannot be used now; one sentence names the file and what is wrong.
+        ValueError: a setting is not usable (an interval below 0.1, an SNI directory that does not
+            exist, ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``).
+
+    Example::
+
+        server = grpc.server(ThreadPoolExecutor(max_workers=8))
+        with server_credentials("/etc/tls/tls.crt", "/etc/tls/tls.key") as credentials:
+            server.add_secure_port("[::]:8443", credentials)
+            server.start()
+            server.wait_for_termination()
+    """
+    settings = Settings(interval, sni, metrics)
+    settings.check()
+    if require_client_auth and not ca_certs:
+        raise ValueError("require_client_auth needs ca_certs: the CAs client certificates are verified against")
+    password = resolve_password(identity.password_file(password_file) if password_file else None)
+    files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(ca_certs) if ca_certs else None)
+    recipe_for = _recipe(password)
+    store = SharedStore()  # this process's own: what each reloader validated and serves, as bytes
+    snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, lambda: recipe_for(files), password))
+    store.write(snapshot, leaf=leaf)
+    reloader = Reloader(
+        files.certfile,
+        files.keyfile,
+        recipe=lambda: recipe_for(files),
+        ca_certs=files.ca_certs,
+        password=password,
+        interval=interval,
+        last_good=LastGood(store, recipe_for),
+    )
+    equip(reloader, settings, recipe_for)
+    require = bool(ca_certs) if require_client_auth is None else require_client_auth
+    credentials = ReloadingCredentials(reloader, store, require)
+    with _open_lock:
+        _open[reloader] = os.getpid()
+    credentials._driver.start()
+    return credentials
+
+
+def _recipe(password: Password) -> RecipeFor:
+    """OpenSSL's verdict on the files: a plain server context loading them as ``ssl`` does (never served)."""
+
+    def plain_context(files: TLSFiles) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(files.certfile, files.keyfile, password)
+        if files.ca_certs:
+            context.load_verify_locations(files.ca_certs)
+        return context
+
+    return plain_context
+
+
+def _served(reloader: Reloader, store: SharedStore) -> list[tuple[str, Parts]]:
+    """The bytes each identity's reloader validated and serves now, by name, the configured one first
+    (generic: it belongs in the core, beside the last good store)."""
+    served: list[tuple[str, Parts]] = []
+    identities = sni.for_reloader(reloader)
+    for name in [DEFAULT, *(identities.reloaders() if identities is not None else ())]:
+        parts = store.read(name)
+        if parts is not None:
+            served.append((name, parts))
+    return served
+
+
+def _configuration(served: list[tuple[str, Parts]], password: Password) -> grpc.ServerCertificateConfiguration:
+    """gRPC's configuration for validated bytes: each identity's (key, chain), the client CAs of the first."""
+    pairs = [_key_and_chain(parts, password) for _, parts in served]
+    return grpc.ssl_server_certificate_configuration(pairs, root_certificates=served[0][1][2])
+
+
+def _key_and_chain(parts: Parts, password: Password) -> tuple[bytes, bytes]:
+    cert, key, _ = parts
+    if key is None:  # the key in the certificate file, as ssl allows: gRPC takes them apart
+        blocks = [(m.group(1), m.group(0)) for m in _PEM_BLOCK.finditer(cert)]
+        key = b"".join(block for kind, block in blocks if kind.endswith(b"PRIVATE KEY"))
+        cert = b"".join(block for kind, block in blocks if kind == b"CERTIFICATE")
+    if password is not None and b"ENCRYPTED" in key:  # gRPC takes no password: decrypt in memory
+        from cryptography.hazmat.primitives import serialization
+
+        private = serialization.load_pem_private_key(key, password_bytes(password))
+        key = private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    return key, cert

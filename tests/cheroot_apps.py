@@ -1,0 +1,43 @@
+"""cheroot's ``wsgi.Server`` serving hostile_apps' WSGI app directly, with tlsreload's SSL adapter, for the shared
+matrix (server_kinds): ``python -m cheroot_apps --certfile C --keyfile K --port P``. One process; our lines go
+to stderr with their level (cheroot has no logger of its own)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from cheroot import wsgi
+
+import hostile_apps
+from tlsreload_plugins.cheroot import ReloadingSSLAdapter
+from tlsreload_plugins.serving import CannotServe
+
+
+def leave(signum: int, frame: object) -> None:
+    raise SystemExit(0)  # safe_start() stops the server, then re-raises
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--certfile", required=True)
+    parser.add_argument("--keyfile", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    options = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    server = wsgi.Server(("127.0.0.1", options.port), hostile_apps.wsgi)
+    try:
+        server.ssl_adapter = ReloadingSSLAdapter(options.certfile, options.keyfile)
+    except CannotServe:
+        sys.exit(1)
+    signal.signal(signal.SIGTERM, leave)
+    try:
+        server.safe_start()
+    finally:
+        server.ssl_adapter.close()
+
+
+if __name__ == "__main__":
+    main()

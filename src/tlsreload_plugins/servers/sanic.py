@@ -1,0 +1,260 @@
+"""Reload TLS certificates inside Sanic: its worker manager, its command line, its several certificates.
+
+One line where the app is made (each worker imports that module too): ``reload_certificates(app)``; then Sanic as
+usual (``app.run(ssl=..., workers=N)``, ``sanic app:app --cert C --key K``, ``--tls DIR``). Sanic builds its context
+in each worker through the app's ``certloader_class``: :class:`ReloadingCertLoader` builds it with Sanic's own
+``CertSimple`` (ciphers, ALPN, TLS 1.2 floor, names read from the certificate) and checks the files in a thread.
+
+Workers Sanic starts or restarts (``app.m.restart()``, its inspector, auto-reload) keep the last good certificate:
+before Sanic starts them (``main_process_start``), the main process checks each certificate and keeps it in a
+:class:`~tlsreload_plugins.lastgood.SharedStore` that reaches every worker through ``app.shared_ctx``. Several
+certificates (a list) are each reloaded on their own, Sanic's ``CertSelector`` picking the newest context of each
+by server name (stock Sanic cannot pickle its selector for its workers: they get the list of settings instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+try:
+    from sanic import Sanic
+    from sanic.http.tls.context import CertSelector, CertSimple
+    from sanic.worker.loader import CertLoader
+except ImportError as e:  # one clear line rather than a traceback into this module
+    raise ImportError(f"tlsreload_plugins.sanic needs sanic ({e}): pip install 'tlsreload-plugins[sanic]'") from e
+
+from tlsreload_plugins import logs, sni
+from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.examine import FIXED_SETTINGS
+from tlsreload_plugins.files import Password, TLSFiles, password_text
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.lastgood import SharedStore
+from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.serving import CannotServe, Settings, Waiting, check_at_start, keep_for_workers, start_reloader
+from tlsreload_plugins.settings import resolve_password
+
+__all__ = ["STARTUP_FAILURE", "STORES", "ReloadingCertLoader", "reload_certificates", "reloaders"]
+
+log = logging.getLogger("tlsreload_plugins.sanic")
+
+STARTUP_FAILURE = 1
+"""Exit status when the certificates or settings cannot serve at start-up (Sanic's own on a failed start)."""
+
+STORES = "tlsreload_last_good"
+"""The attribute of ``app.shared_ctx`` holding the last good store of each certificate, for the workers."""
+
+Entry = dict[str, Any]  # one certificate's settings as Sanic keeps them: cert, key, password, names (ca_certs: ours)
+
+_settings: dict[str, Settings] = {}  # by app name: a worker imports the app's module, which gives them again
+
+_reloaders: list[Reloader] = []
+
+
+def reloaders() -> list[Reloader]:
+    """The reloaders serving TLS in this process (one per certificate)."""
+    return list(_reloaders)
+
+
+def reload_certificates(
+    app: Sanic[Any, Any],
+    *,
+    interval: float | None = None,
+    sni: Sequence[str] | str | None = None,
+    metrics: bool | None = None,
+) -> None:
+    """Make ``app``'s certificates follow their files in every worker: sets ``app.certloader_class`` and a
+    ``main_process_start`` listener. Call it where the app is made. Each certificate's settings (a dict) may
+    name a ``"ca_certs"`` bundle (tlsreload's): client certificates signed by it are then required.
+
+    Args:
+        app: the Sanic app.
+        interval: seconds between checks (default ``$TLSRELOAD_INTERVAL``, else 1).
+        sni: directories of more identities chosen by server name (default ``$TLSRELOAD_SNI``); not beside
+            a list of certificates.
+        metrics: export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off).
+
+    Example::
+
+        app = Sanic("app")
+        reload_certificates(app, interval=5)
+        app.run(ssl={"cert": "tls.crt", "key": "tls.key"}, workers=4)
+    """
+    _settings[app.name] = Settings(interval, sni, metrics)
+    app.certloader_class = ReloadingCertLoader
+    app.register_listener(_before_workers, "main_process_start")
+
+
+class ReloadingCertLoader(CertLoader):
+    """Sanic's certificate loader (``certloader_class``), reloading: :func:`reload_certificates` sets it."""
+
+    def __init__(self, ssl_data: Any) -> None:
+        super().__init__(ssl_data)
+        self.tls_data = ssl_data
+
+    def load(self, app: Sanic[Any, Any]) -> ssl.SSLContext | None:
+        """The context of this worker (Sanic calls it before its loop runs), its checks started."""
+        if isinstance(self.tls_data, dict) and self.tls_data.get("creator"):
+            log.info("Sanic makes a development certificate: it is not reloaded")
+            return super().load(app)  # type: ignore[no-any-return]
+        _route_logs()
+        stores: list[SharedStore] | None = getattr(app.shared_ctx, STORES, None)
+        try:
+            found = _identities(self.tls_data)
+            if found is None:
+                return None
+            strict, entries = found
+            settings = _settings.get(app.name, Settings())
+            _refuse_sni_beside_a_list(settings, strict or len(entries) > 1)
+            made = [_reloader(entry, settings, stores[i] if stores else None) for i, entry in enumerate(entries)]
+            context = made[0].context if len(made) == 1 and not strict else _selector(made, strict)
+        except CannotServe as e:
+            _startup_failure(str(e))
+        for reloader in made:
+            ThreadDriver(reloader).start()
+            _reloaders.append(reloader)
+        return context
+
+
+def _before_workers(app: Sanic[Any, Any]) -> None:
+    """In Sanic's main process, before its workers start: check each certificate, keep it for the workers, and
+    hand them its settings (and the stores, with ``app.shared_ctx``) in a form that pickles."""
+    _route_logs()
+    try:
+        server: dict[str, Any] = app.state.server_info[0].settings
+        found = _identities(server.get("ssl"))
+        if found is None:
+            log.warning("no certificate given to Sanic: serving without TLS, nothing to reload")
+            return
+        if server.get("version") == 3:
+            raise CannotServe("HTTP/3 cannot follow certificate reloads: Sanic gives aioquic the files once")
+        strict, entries = found
+        settings = _settings.get(app.name, Settings())
+        _refuse_sni_beside_a_list(settings, strict or len(entries) > 1)
+        stores = [_kept_for_workers(entry, settings) for entry in entries]
+    except CannotServe as e:
+        _startup_failure(str(e))
+    server["ssl"] = [None, *entries] if strict else entries if len(entries) > 1 else entries[0]
+    # Sanic warns of any object in shared_ctx that is not multiprocessing's or ctypes': a SharedStore is made
+    # to travel to spawned processes (its memory is a memfd, passed as Sanic passes its sockets).
+    vars(app.shared_ctx)[STORES] = stores
+
+
+def _kept_for_workers(entry: Entry, settings: Settings) -> SharedStore:
+    """A store holding ``entry``'s identity, checked now and kept current for the workers."""
+    files, password, store = _files(entry), resolve_password(entry.get("password")), SharedStore()
+    check_at_start(files, lambda: _sanic_context(entry, files, password), password, settings, store)
+    keep_for_workers(files, password, settings, store)
+    return store
+
+
+def _identities(data: Any) -> tuple[bool, list[Entry]] | None:
+    """Sanic's TLS setting, as Sanic or :func:`_before_workers` left it: (no fallback certificate, entries)."""
+    if not data:
+        return None
+    if isinstance(data, CertSelector):
+        return data.sanic_fallback is None, [_entry(getattr(context, "sanic", {})) for context in data.sanic_select]
+    if isinstance(data, ssl.SSLContext):
+        sanic = getattr(data, "sanic", None)
+        if not isinstance(sanic, dict):
+            raise CannotServe(
+                "Sanic was given an ssl.SSLContext, which cannot follow its files: give Sanic the files "
+                "(ssl={'cert': ..., 'key': ...}, a directory, a list of them, --cert/--key, --tls)"
+            )
+        return False, [_entry(sanic)]  # CertSimple: a single process, which Sanic hands its context
+    if isinstance(data, dict):
+        return False, [data]
+    entries = list(data)
+    return entries[0] is None, [entry for entry in entries if entry is not None]
+
+
+def _entry(sanic: Entry) -> Entry:
+    """A certificate's settings from what Sanic keeps on its context (the subject's fields too): names are kept
+    only when they are not the ones Sanic reads from the certificate (they were given)."""
+    entry: Entry = {key: sanic[key] for key in ("cert", "key", "password", "ca_certs") if key in sanic}
+    try:
+        read = getattr(_sanic_context(entry, _files(entry), entry.get("password")), "sanic", {}).get("names")
+    except Exception:  # unusable now: keep the names Sanic found
+        read = None
+    if "names" in sanic and sanic["names"] != read:
+        entry["names"] = sanic["names"]
+    return entry
+
+
+def _refuse_sni_beside_a_list(settings: Settings, several: bool) -> None:
+    try:
+        directories = sni.resolve_directories(settings.sni) if several else []
+    except ValueError as e:
+        raise CannotServe(f"cannot serve TLS: {e}") from e
+    if directories:  # SNI routing is the reloader's own context's, which a list of certificates never serves
+        raise CannotServe(f"cannot serve TLS: put the identities of {', '.join(directories)} in Sanic's list instead")
+
+
+def _files(entry: Entry) -> TLSFiles:
+    return TLSFiles(str(entry["cert"]), str(entry["key"]), str(entry["ca_certs"]) if entry.get("ca_certs") else None)
+
+
+def _sanic_context(entry: Entry, files: TLSFiles, password: Password) -> ssl.SSLContext:
+    """Sanic's own context for ``files`` (``CertSimple``), with ``entry``'s names when given."""
+    names = {"names": entry["names"]} if "names" in entry else {}
+    key, secret = files.keyfile or files.certfile, password_text(password)
+    context: ssl.SSLContext = CertSimple(files.certfile, key, password=secret, **names)  # type: ignore[no-untyped-call]
+    if files.ca_certs:
+        context.load_verify_locations(files.ca_certs)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _reloader(entry: Entry, settings: Settings, store: SharedStore | None) -> Reloader:
+    files, password = _files(entry), resolve_password(entry.get("password"))
+    # A worker Sanic restarts while nothing valid exists waits for usable files; Sanic stops a worker with
+    # SIGTERM (a restart) or SIGINT (shutdown).
+    waiting = Waiting(leave=lambda: sys.exit(0))
+    return start_reloader(
+        files,
+        lambda: _sanic_context(entry, files, password),
+        lambda other: _sanic_context(entry, other, password),
+        password=password,
+        settings=settings,
+        store=store,
+        waiting=waiting if store is not None else None,
+    )
+
+
+class _Selector(CertSelector):
+    """Sanic's ``CertSelector`` made a server context (Sanic's own is ``ssl.SSLContext()``, which warns)."""
+
+    def __new__(cls, contexts: Any) -> _Selector:
+        return ssl.SSLContext.__new__(cls, ssl.PROTOCOL_TLS_SERVER)
+
+
+def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
+    """Sanic's ``CertSelector`` over the newest context of each reloader, following each reload. A connection
+    keeps its first context's protocol bounds, options and verify mode: the first certificate's, here."""
+    try:
+        selector = _Selector([None] * strict + [reloader.newest_context for reloader in made])
+    except ValueError as e:
+        raise CannotServe(f"cannot serve TLS: {e}") from e
+    for setting in FIXED_SETTINGS:
+        setattr(selector, setting, getattr(made[0].newest_context, setting))
+    for index, reloader in enumerate(made):
+
+        def follow(old: Leaf, new: Leaf, index: int = index, reloader: Reloader = reloader) -> None:
+            selector.sanic_select[index] = reloader.newest_context
+            if index == 0 and not strict:
+                selector.sanic_fallback = reloader.newest_context
+
+        reloader.add_callbacks(on_reload=follow)
+    return selector
+
+
+def _route_logs() -> None:
+    logs.forward_to(logging.getLogger("sanic.error"))
+
+
+def _startup_failure(message: str) -> NoReturn:
+    log.error("%s", message)
+    sys.exit(STARTUP_FAILURE)

@@ -92,6 +92,33 @@ def first_identity(
     return snapshot, leaf, live, start_error
 
 
+def first_verdict(
+    files: TLSFiles, password: Password, last_good: LastGood | None, clock: Callable[[], float]
+) -> tuple[Snapshot, Leaf, InvalidIdentity | None]:
+    """What an on-demand reloader serves first: :func:`first_identity` without building a context (and
+    without keeping it in ``last_good``: its owner keeps many at once). The verdict ``last_good`` keeps for
+    exactly these bytes is taken rather than parsing them again, and the snapshot returned then shares the
+    kept bytes.
+
+    Raises:
+        InvalidIdentity: as :func:`first_identity`.
+    """
+    try:
+        snapshot = read_files(files)
+        kept = last_good.kept(snapshot) if last_good is not None else None
+        if kept is not None:
+            return Snapshot(files, *kept[0]), kept[1], None
+        return snapshot, validate(snapshot, password), None
+    except InvalidIdentity as e:
+        if last_good is None:
+            raise
+        try:
+            snapshot, leaf = last_good.recall_verdict(files, password, clock())
+        except InvalidIdentity as why_not:
+            raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
+        return snapshot, leaf, e
+
+
 FIXED_SETTINGS = ("minimum_version", "maximum_version", "verify_mode", "options")
 """Settings of the live context that a connection keeps when it is moved onto a rebuilt context
 (OpenSSL's ``SSL_set_SSL_CTX`` moves the certificate, key, CA store, ALPN and ciphers only)."""
@@ -142,7 +169,7 @@ def examine_files(
     served: str,
     known_bad: Examined | None,
     judge: Callable[[Snapshot], Leaf],
-    live: ssl.SSLContext,
+    live: ssl.SSLContext | None,
     in_use: Callable[[ssl.SSLContext], bool],
 ) -> Examined:
     """Read ``files`` once and, when their content is not the content ``served`` (its fingerprint),
@@ -150,7 +177,7 @@ def examine_files(
 
     ``known_bad`` is the last content found unusable: when the files still hold it (with the same
     ``password``), it is not parsed again, and only its dates are judged anew. ``live`` is the
-    server's context (a rebuilt one is compared with it, :func:`fixed_setting_changes`), and
+    server's context (a rebuilt one is compared with it, :func:`fixed_setting_changes`; ``None``: none), and
     ``in_use(context)`` tells whether a context the recipe returned is one the server already uses.
 
     Unusable files never raise: they are an :attr:`Examined.error`. What nobody foresaw (a bug, an
@@ -198,7 +225,7 @@ def examine_files(
         return Examined(fingerprint=observed, error=error)
     # The recipe may have read other bytes than those validated: then try again next check.
     changed = fingerprint(read_files(files)) != observed
-    changes = tuple(fixed_setting_changes(live, context))
+    changes = tuple(fixed_setting_changes(live, context)) if live is not None else ()
     return Examined(
         observed, snapshot, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes
     )

@@ -88,26 +88,35 @@ class DirectoryEvents:
     fd: int
     libc: ctypes.CDLL
     pid: int = field(default_factory=os.getpid)
-    _paths: dict[int, set[str]] = field(default_factory=dict)  # watch descriptor -> directories watched through it
+    # Watch descriptor -> the directories watched through it (tuples: thousands of them, most of one path).
+    _paths: dict[int, tuple[str, ...]] = field(default_factory=dict)
     _watch: dict[str, int] = field(default_factory=dict)  # directory -> watch descriptor
 
-    def watch(self, directory: str) -> bool:
+    def watch(self, directory: str, again: bool = False) -> bool:
         """Watch ``directory`` for :data:`CHANGES`; ``False`` when it cannot be watched (gone, not a
-        directory, no permission). Watching it again changes nothing.
+        directory, no permission). Watching it again changes nothing, unless ``again``: then the watch
+        follows what the path names now (a link repointed since, such as kubelet's ``..data``).
 
         Raises:
             WatchesExhausted: the kernel's limit of watches is reached.
         """
-        if directory in self._watch:
+        known = self._watch.get(directory)
+        if known is not None and not again:
             return True
         wd = self.libc.inotify_add_watch(self.fd, os.fsencode(directory), CHANGES | IN_ONLYDIR)
         if wd < 0:
             code = ctypes.get_errno()
             if code == errno.ENOSPC:
                 raise WatchesExhausted(f"inotify watch limit reached at {len(self._watch)} directories")
+            if known is not None:
+                self.unwatch(directory)
             return False
+        if known is not None and known != wd:
+            self.unwatch(directory)
         self._watch[directory] = wd
-        self._paths.setdefault(wd, set()).add(directory)
+        paths = self._paths.get(wd, ())
+        if directory not in paths:
+            self._paths[wd] = (*paths, directory)
         return True
 
     def unwatch(self, directory: str) -> None:
@@ -115,12 +124,11 @@ class DirectoryEvents:
         wd = self._watch.pop(directory, None)
         if wd is None:
             return
-        paths = self._paths.get(wd)
-        if paths is not None:
-            paths.discard(directory)
-            if not paths:
-                del self._paths[wd]
-                self.libc.inotify_rm_watch(self.fd, wd)
+        paths = tuple(path for path in self._paths.get(wd, ()) if path != directory)
+        if paths:
+            self._paths[wd] = paths
+        elif self._paths.pop(wd, None) is not None:
+            self.libc.inotify_rm_watch(self.fd, wd)
 
     def watched(self) -> int:
         """How many directories are watched."""

@@ -118,6 +118,27 @@ def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None) -> Iterato
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def context_from(snapshot: Snapshot, recipe_for: RecipeFor) -> ssl.SSLContext:
+    """A context built by ``recipe_for`` from the bytes of ``snapshot`` (already validated), through
+    :func:`in_memory_files`: exactly those bytes are served, whatever the files on disk hold by now.
+
+    Raises:
+        InvalidIdentity: the recipe refused them (the reason in the message, ``snapshot``'s files named).
+        TypeError: the recipe returned something that is not an :class:`ssl.SSLContext`.
+    """
+    with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
+        try:
+            context = recipe_for(paths)
+        except Exception as e:
+            raise InvalidIdentity(
+                f"the SSL context could not be built from {snapshot.files.describe()}: {type(e).__name__}: {e}",
+                path=snapshot.files.certfile,
+            ) from e
+    if not isinstance(context, ssl.SSLContext):
+        raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
+    return context
+
+
 @dataclass(frozen=True)
 class LastGood:
     """The newest identity a server served under one name, and how to build a context from it.
@@ -144,15 +165,18 @@ class LastGood:
         look first. ``None`` when nobody has found them valid. Blocking (up to :data:`ASK_WAIT`)."""
         parts = (snapshot.cert, snapshot.key, snapshot.ca)
         kept = self.store.verdict(self.name)
-        if (kept is None or kept[0] != parts) and self.store.ask():
+        if (kept is None or kept[0] != parts) and self.store.ask(name=self.name):
             kept = self.store.verdict(self.name)
         return kept[1] if kept is not None and kept[0] == parts else None
 
-    def recall(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
-        """Validate the kept identity again, judge its dates at ``now``, and build a context from it.
+    def kept(self, snapshot: Snapshot) -> tuple[Parts, Leaf] | None:
+        """The bytes kept for :attr:`name` and their verdict when they are exactly ``snapshot``'s, without
+        asking a keeper (a caller judging thousands of identities asks nobody for each); else ``None``."""
+        kept = self.store.verdict(self.name)
+        return kept if kept is not None and kept[0] == (snapshot.cert, snapshot.key, snapshot.ca) else None
 
-        The snapshot returned carries the configured ``files`` (its bytes are the kept ones), so a
-        reloader compares what is on disk with what it serves as usual.
+    def recall_verdict(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf]:
+        """:meth:`recall` without building a context: the kept identity (carrying ``files``) and its leaf.
 
         Raises:
             InvalidIdentity: nothing is kept, or what is kept is no longer usable (expired, say).
@@ -169,7 +193,19 @@ class LastGood:
                 f"the last good certificate (serial {leaf.serial}) is outside its validity period "
                 f"({leaf.not_before.isoformat()} to {leaf.not_after.isoformat()})"
             ) from None
-        with in_memory_files(*parts) as paths:
+        return snapshot, leaf
+
+    def recall(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
+        """Validate the kept identity again, judge its dates at ``now``, and build a context from it.
+
+        The snapshot returned carries the configured ``files`` (its bytes are the kept ones), so a
+        reloader compares what is on disk with what it serves as usual.
+
+        Raises:
+            InvalidIdentity: nothing is kept, or what is kept is no longer usable (expired, say).
+        """
+        snapshot, leaf = self.recall_verdict(files, password, now)
+        with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
             try:
                 context = self.recipe_for(paths)
             except Exception as e:
@@ -204,52 +240,60 @@ def keep_newest_valid(
 
     # The content judged last, by name; not set for a pair refused for its dates only, which time changes.
     seen: dict[str, str] = {}
+    tick = getattr(identities, "tick", None)  # sni_discovery.every_identity's: which changed since last time
 
-    def keep_all() -> None:
+    def keep_all(asked: set[str] | None) -> None:
         with keeper.one_pass():
             try:
-                found = dict(identities())
+                found, look = tick(interval) if callable(tick) else (dict(identities()), None)
             except Exception:  # an SNI directory gone: the serving processes report it
-                found = {}
+                found, look = {}, None
             for name in [name for name in seen if name not in found]:
                 del seen[name]
                 store.forget(name)
+            if look is not None:  # those the kernel saw change, a slice of the others, those asked about, new ones
+                look = None if asked is None else look | asked | {name for name in found if name not in seen}
+            valid: dict[str, tuple[Snapshot, Leaf | None]] = {}
             for name, files in found.items():
-                judged = _keep_if_valid(files, password, store, name, seen.get(name))
+                if look is not None and name not in look:
+                    continue
+                judged, kept = _keep_if_valid(files, password, name, seen.get(name))
                 if judged is not None:
                     seen[name] = judged
+                if kept is not None:
+                    valid[name] = kept
+            store.write_many(valid)  # one write of the table for all of them
 
     def keep() -> None:
         while True:
-            keeper.wait(interval)
-            keep_all()
+            keep_all(keeper.wait(interval))
 
-    keep_all()  # before the server starts its first processes: each gets every verdict
+    keep_all(None)  # before the server starts its first processes: each gets every verdict
     thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)
     thread.start()
     return thread
 
 
-def _keep_if_valid(files: TLSFiles, password: Password, store: SharedStore, name: str, seen: str | None) -> str | None:
-    """Write the identity at ``files`` to ``store`` as ``name`` when it is new and valid; returns the
-    fingerprint of the content judged (``None`` when it must be judged again: unreadable, or refused
-    for its dates)."""
+def _keep_if_valid(
+    files: TLSFiles, password: Password, name: str, seen: str | None
+) -> tuple[str | None, tuple[Snapshot, Leaf] | None]:
+    """The fingerprint of the content judged at ``files`` (``None`` when it must be judged again:
+    unreadable, or refused for its dates), and the identity to keep as ``name`` when it is new and valid."""
     try:
         snapshot = read_files(files)
         current = fingerprint(snapshot)
         if current == seen:
-            return current
+            return current, None
         try:
             leaf = validate(snapshot, password)
         except InvalidIdentity:
-            return current  # unusable content is not parsed again on every check
+            return current, None  # unusable content is not parsed again on every check
         judge_period(leaf, files, datetime.now(timezone.utc))
     except Exception:  # the serving processes report what is wrong; nothing is served here
-        return None
-    store.write(snapshot, name, leaf)
+        return None, None
     log.debug(
         "processes started from now on get serial %s%s if the files are unusable then",
         leaf.serial,
         f" for SNI identity {name}" if name else "",
     )
-    return current
+    return current, (snapshot, leaf)

@@ -22,6 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.reloader import X` works.
@@ -29,7 +30,7 @@ from .examine import FIXED_SETTINGS as FIXED_SETTINGS
 from .examine import Examined as Examined
 from .examine import Recipe as Recipe
 from .examine import build_context as build_context
-from .examine import examine_files, first_identity
+from .examine import examine_files, first_identity, first_verdict
 from .examine import fixed_setting_changes as fixed_setting_changes
 from .examine import load_identity as load_identity
 from .identity import (
@@ -43,7 +44,7 @@ from .identity import (
     fingerprint,
     validate,
 )
-from .lastgood import LastGood
+from .lastgood import LastGood, RecipeFor, context_from
 from .outcome import Outcome as Outcome
 from .outcome import Settling as Settling
 from .outcome import Status as Status
@@ -76,11 +77,25 @@ def _after_fork_in_child() -> None:
     for reloader in list(_reloaders):
         reloader._lock = threading.Lock()
         reloader._check_lock = threading.Lock()
+        demand = reloader._demand
+        if demand is not None:
+            demand.lock = threading.Lock()
         reloader._notices = []
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass(slots=True)
+class _OnDemand:
+    """What an ``on_demand`` reloader needs to build its context when first asked."""
+
+    recipe_for: RecipeFor
+    validated: Snapshot | None = None
+    """The bytes the newest context is built from."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """One build at a time: a second handshake waits for the first's."""
 
 
 class Reloader:
@@ -105,6 +120,13 @@ class Reloader:
     valid identity kept there is served instead (one WARNING says so and why), and the files on
     disk are used as soon as they are usable.
 
+    ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a
+    handshake needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the
+    first :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For
+    identities that may never be asked for (:mod:`tlsreload_plugins.sni`); such a reloader does not keep
+    its first identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` of its
+    own to hand to a server.
+
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
 
@@ -123,6 +145,7 @@ class Reloader:
         on_check: Callable[[Outcome, Status], object] | None = None,
         clock: Callable[[], float] = time.time,
         last_good: LastGood | None = None,
+        on_demand: RecipeFor | None = None,
     ) -> None:
         self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
         self.recipe = recipe
@@ -143,13 +166,22 @@ class Reloader:
         self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
 
         self._last_good = last_good
-        snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)
-        self.context: ssl.SSLContext = live
-        """The context to hand to the server, once, for its whole life."""
+        # At most 29 attributes in all: CPython shares one key table among instances of up to 30, and an
+        # SNI server holds thousands of reloaders (330 bytes each, not 1.6 KiB).
+        # The context handed to the server, or what an on_demand reloader builds its contexts from.
+        demand = _OnDemand(on_demand) if on_demand is not None else None
+        self._origin: ssl.SSLContext | _OnDemand | None = demand
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
-        # so a handshake never pairs one context with another's callback.
-        self._serving: tuple[ssl.SSLContext, SNICallback | None] = (live, live.sni_callback)
-        live.sni_callback = self._on_client_hello
+        # so a handshake never pairs one context with another's callback. (None, None): not built yet.
+        self._serving: tuple[ssl.SSLContext | None, SNICallback | None] = (None, None)
+        if demand is not None:
+            snapshot, leaf, start_error = first_verdict(self.files, self.password, last_good, clock)
+            demand.validated = snapshot
+        else:
+            snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)
+            self._origin = live
+            self._serving = (live, live.sni_callback)
+            live.sni_callback = self._on_client_hello
         self._fingerprint = fingerprint(snapshot)
         self._leaf = leaf
         self._settling = Settling()
@@ -208,7 +240,8 @@ class Reloader:
         self._route = route
 
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str, live: ssl.SSLContext) -> int | None:
-        newest, user_callback = self._serving
+        serving, user_callback = self._serving
+        newest = serving or live
         route = self._route
         if route is not None:
             newest = route(server_name) or newest
@@ -224,8 +257,18 @@ class Reloader:
             return user_callback(conn, server_name, newest)
         return None
 
+    @property
+    def _live(self) -> ssl.SSLContext | None:
+        origin = self._origin
+        return origin if isinstance(origin, ssl.SSLContext) else None
+
+    @property
+    def _demand(self) -> _OnDemand | None:
+        origin = self._origin
+        return origin if isinstance(origin, _OnDemand) else None
+
     def _hook_in_place(self) -> bool:
-        return self.context.sni_callback == self._on_client_hello
+        return self._live is None or self._live.sni_callback == self._on_client_hello
 
     # -- one check --------------------------------------------------------------------------
 
@@ -269,7 +312,7 @@ class Reloader:
                 served=self._fingerprint,
                 known_bad=self._known_bad,
                 judge=self._judge,
-                live=self.context,
+                live=self._live,
                 in_use=self._in_use,
             )
         except Exception as e:  # a bug or an error nobody foresaw: a reported failure, not a dead ticker
@@ -279,7 +322,7 @@ class Reloader:
 
     def _in_use(self, context: ssl.SSLContext) -> bool:
         """Whether ``context``, returned by the recipe, is one this reloader already serves."""
-        return context is self.context or context is self._serving[0] or context.sni_callback == self._on_client_hello
+        return context is self._live or context is self._serving[0] or context.sni_callback == self._on_client_hello
 
     def _judge(self, snapshot: Snapshot) -> Leaf:
         """The leaf of ``snapshot`` if it is a usable identity: the verdict another process of the server
@@ -316,6 +359,8 @@ class Reloader:
                 self.files.certfile,
                 ", ".join(examined.fixed_changes),
             )
+        if self._demand is not None:
+            self._demand.validated = examined.snapshot
         self._swap(examined.context, examined.leaf, examined.fingerprint or "", now)
         if self._last_good is not None and examined.snapshot is not None:
             # After the state lock is released: a shared store may wait for another process's write.
@@ -325,7 +370,8 @@ class Reloader:
     def _swap(self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float) -> None:
         """Make ``context`` the one new handshakes get. Established connections keep theirs."""
         old = self._leaf
-        self._serving = (context, context.sni_callback)
+        if self._demand is None or self._serving[0] is not None:  # on demand and not built: left unbuilt
+            self._serving = (context, context.sni_callback)
         self._fingerprint = observed_fingerprint
         self._known_bad = None
         self._leaf = leaf
@@ -392,10 +438,55 @@ class Reloader:
         return self._last_good
 
     @property
+    def context(self) -> ssl.SSLContext:
+        """The context to hand to the server, once, for its whole life (an ``on_demand`` reloader has
+        none of its own: its :attr:`newest_context`)."""
+        return self._live if self._live is not None else self.newest_context
+
+    @property
     def newest_context(self) -> ssl.SSLContext:
         """The context new handshakes are moved onto (:attr:`context` until the first reload): what a
-        dispatcher of its own hands a connection, as Go's ``GetCertificate`` would."""
-        return self._serving[0]
+        dispatcher of its own hands a connection, as Go's ``GetCertificate`` would. An ``on_demand``
+        reloader builds it now when it has none (a concurrent caller waits for that build).
+
+        Raises:
+            InvalidIdentity: ``on_demand`` only: the context cannot be built from the validated bytes.
+        """
+        newest = self._serving[0]
+        return newest if newest is not None else self._build_on_demand()
+
+    def _build_on_demand(self) -> ssl.SSLContext:
+        demand = self._demand
+        if demand is None:
+            raise InvalidIdentity(f"no context was built for {self.files.describe()}")
+        with demand.lock:
+            newest, validated = self._serving[0], demand.validated
+            if newest is not None:
+                return newest
+            if validated is None:
+                raise InvalidIdentity(f"no context was built for {self.files.describe()}")
+            context = context_from(validated, demand.recipe_for)
+            with self._lock:
+                if demand.validated is validated:  # else a reload came in meanwhile: serve its context next time
+                    self._serving = (context, context.sni_callback)
+            return context
+
+    def release_context(self) -> None:
+        """Forget the context an ``on_demand`` reloader built (the next :attr:`newest_context` builds it
+        again); keeps a reloader's otherwise."""
+        if self._demand is not None:
+            with self._lock:
+                self._serving = (None, None)
+
+    @property
+    def validated(self) -> Snapshot | None:
+        """The bytes an ``on_demand`` reloader serves (its context is built from them); ``None`` for others."""
+        return self._demand.validated if self._demand is not None else None
+
+    @property
+    def built(self) -> bool:
+        """Whether a context is built (always, but for an ``on_demand`` reloader nobody asked yet)."""
+        return self._serving[0] is not None
 
     def status(self) -> Status:
         """A consistent snapshot of the counters and the served certificate; never waits for a check's I/O."""

@@ -42,6 +42,7 @@ Example (a server of your own; the adapters do this for you)::
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -52,9 +53,10 @@ from collections.abc import Iterable, Set
 
 from . import metrics
 from .drivers import gevent_offload
-from .identity import InvalidIdentity, Password, TLSFiles
+from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles
 from .lastgood import LastGood, RecipeFor, SharedStore
 from .reloader import Examined, Offload, Outcome, Reloader, Status, resolve_interval
+from .sni_contexts import ContextCache
 
 # Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that
 # `from tlsreload_plugins.sni import X` keeps working.
@@ -138,6 +140,8 @@ class SNIIdentities:
         self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs)
         self._found: dict[str, TLSFiles] = {}  # what the tracker found last
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
+        self._contexts = ContextCache()
+        self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
         self._missing: set[str] = set()
         self._pending: dict[str, str] = {}
         self._unserved: dict[str, str] = {}
@@ -188,8 +192,9 @@ class SNIIdentities:
         identity does (the default identity's, then). What Go's ``GetCertificate`` returns: a
         dispatcher of your own can delegate to it. Constant time; never raises."""
         reloader = self.reloader_for(server_name)
-        # The reloader's newest complete context: read as one reference, as its own swap does.
-        return None if reloader is None else reloader.newest_context
+        # Built on the first handshake that names it (a concurrent one waits for that build), kept among
+        # the contexts of the identities asked for most recently (sni_contexts).
+        return None if reloader is None else self._contexts.get(reloader)
 
     def reloader_for(self, server_name: str | None) -> Reloader | None:
         """The :class:`~tlsreload_plugins.Reloader` of the identity serving ``server_name``, or ``None``."""
@@ -215,8 +220,11 @@ class SNIIdentities:
         return {name: reloader.status() for name, reloader in self._identities.items()}
 
     def unserved(self) -> dict[str, str]:
-        """Identities found but not served (their files were never usable), by name: why."""
-        return dict(self._unserved)
+        """Identities found but not served (their files were never usable, or OpenSSL refused what
+        ``cryptography`` accepted), by name: why."""
+        refused = self._contexts.refused()
+        named = {name: refused[reloader] for name, reloader in self._identities.items() if reloader in refused}
+        return {**self._unserved, **named}
 
     def names(self) -> dict[str, str]:
         """The routing table: each server name (or ``*.`` wildcard) and the identity that answers it."""
@@ -269,6 +277,10 @@ class SNIIdentities:
             self._found = found
             if rebuild:
                 self._rebuild()
+            if self._to_keep:
+                if self.store is not None:  # one write for every identity found at once (start-up)
+                    self.store.write_many(self._to_keep)
+                self._to_keep = {}
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
         """Check one served identity; whether its leaf changed (the routing table may have to follow)."""
@@ -309,6 +321,7 @@ class SNIIdentities:
                 log.info("SNI identity %s removed: its names now get the default certificate", name)
                 if self.store is not None:
                     self.store.forget(name)
+                self._contexts.forget(reloader)
                 continue
             served[name] = reloader
         for name in [*self._pending, *self._unserved]:
@@ -329,20 +342,17 @@ class SNIIdentities:
 
     def _add(self, name: str, found: TLSFiles, settle: bool) -> Reloader | None:
         files = TLSFiles(found.certfile, found.keyfile, self.ca_certs)
-
-        def recipe() -> ssl.SSLContext:
-            return self.recipe_for(files)
-
         try:
             reloader = Reloader(
                 files.certfile,
                 files.keyfile,
-                recipe=recipe,
+                recipe=functools.partial(self.recipe_for, files),
                 ca_certs=files.ca_certs,
                 password=self.password,
                 interval=self.interval,
                 expiry_warning_days=self.expiry_warning_days,
                 last_good=LastGood(self.store, self.recipe_for, name) if self.store is not None else None,
+                on_demand=self.recipe_for,
             )
         except (InvalidIdentity, TypeError) as e:
             reason = str(e)
@@ -356,6 +366,8 @@ class SNIIdentities:
             return None
         self._pending.pop(name, None)
         self._unserved.pop(name, None)
+        if reloader.validated is not None:
+            self._to_keep[name] = (reloader.validated, reloader.leaf)
         if self.export_metrics:
             metrics.observe(reloader, identity=name)
         log.info("SNI identity %s: %s", name, reloader.describe())

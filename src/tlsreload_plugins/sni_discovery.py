@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .files import TLSFiles
 from .store import DEFAULT
+
+if TYPE_CHECKING:
+    from .sni_watch import ChangeTracker
 
 SNI_ENV = "TLSRELOAD_SNI"
 """Directories of SNI identities, separated by ``os.pathsep`` (``:`` on Unix)."""
@@ -104,14 +109,36 @@ def discover(directories: Sequence[str], ca_certs: str | None = None) -> dict[st
 def every_identity(files: TLSFiles, directories: Iterable[str] | str | None) -> Callable[[], dict[str, TLSFiles]]:
     """A function giving the configured identity (under :data:`~tlsreload_plugins.lastgood.DEFAULT`)
     and every SNI identity in ``directories`` found when it is called: what a server's parent process
-    keeps the last good of (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`).
+    keeps the last good of (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`). Its ``tick(interval)``
+    gives the same and the names to look at now: those whose files the kernel saw change, and a slice of
+    the others (:class:`~tlsreload_plugins.sni_watch.ChangeTracker`; ``None``: every one).
 
     Raises:
         ValueError: a directory does not exist (now; one removed later gives no SNI identity).
     """
-    found = resolve_directories(directories)
+    return _EveryIdentity(files, resolve_directories(directories))
 
-    def identities() -> dict[str, TLSFiles]:
-        return {DEFAULT: files, **discover(found, files.ca_certs)}
 
-    return identities
+@dataclass
+class _EveryIdentity:
+    files: TLSFiles
+    directories: list[str]
+    _tracker: ChangeTracker | None = None
+    _found: tuple[object, dict[str, TLSFiles]] = (None, {})  # the tracker's last found, and what it gave
+
+    def __call__(self) -> dict[str, TLSFiles]:
+        return {DEFAULT: self.files, **discover(self.directories, self.files.ca_certs)}
+
+    def tick(self, interval: float) -> tuple[dict[str, TLSFiles], set[str] | None]:
+        from .sni_watch import ChangeTracker  # here: sni_watch builds on this module
+
+        if self._tracker is None:
+            self._tracker = ChangeTracker(self.directories, interval, self.files.ca_certs)
+        self._tracker.interval = interval
+        tick = self._tracker.tick()
+        if tick.found is not self._found[0]:  # something added, removed or changed its files
+            ca = self.files.ca_certs
+            named = {name: TLSFiles(f.certfile, f.keyfile, ca) for name, f in tick.found.items()}
+            self._found = (tick.found, {DEFAULT: self.files, **named})
+        look = None if tick.everything else {DEFAULT, *tick.check}
+        return self._found[1], look

@@ -64,12 +64,12 @@ def sweep_slice(paths: Sequence[str], cursor: int, count: int) -> tuple[list[str
     return taken, end % len(paths), end >= len(paths)
 
 
-def dirty_under(directories: Iterable[str], owners: Mapping[str, set[str]]) -> set[str]:
+def dirty_under(directories: Iterable[str], owners: Mapping[str, Iterable[str]]) -> set[str]:
     """The candidate identity paths that watch one of ``directories`` (``owners``: watched directory to
     the candidate paths concerned). :data:`EVERYTHING` stands for all of them."""
     dirty: set[str] = set()
     for directory in directories:
-        dirty |= owners.get(directory, set())
+        dirty.update(owners.get(directory, ()))
     return dirty
 
 
@@ -80,8 +80,22 @@ def watched_directories(path: str, files: TLSFiles | None) -> set[str]:
     if files is not None:
         for name in (files.certfile, files.keyfile):
             if name:
-                watched.add(os.path.dirname(os.path.realpath(name)))
+                watched.add(_resolved_directory(name))
     return watched
+
+
+def _resolved_directory(name: str) -> str:
+    """The directory the file ``name`` is in once its links are followed, as a path the kernel resolves
+    (``dir/..data`` for kubelet's ``dir/tls.crt``, ``live/x/../../archive/x`` for certbot's): following
+    the last link by hand costs a ``readlink`` or two where ``os.path.realpath`` takes one system call
+    per path component."""
+    for _ in range(40):  # the kernel's own limit on links followed
+        try:
+            target = os.readlink(name)
+        except OSError:  # not a link (or gone): name is the file itself
+            break
+        name = os.path.join(os.path.dirname(name), target)
+    return os.path.dirname(name)
 
 
 @dataclass(frozen=True)
@@ -118,8 +132,10 @@ class ChangeTracker:
     _watching: bool = True  # False: no inotify here, or its watches ran out: check everything
     _root_of: dict[str, str] = field(default_factory=dict)  # candidate path -> the configured directory it is in
     _files: dict[str, TLSFiles | None] = field(default_factory=dict)  # candidate path -> identity_files(path)
-    _owners: dict[str, set[str]] = field(default_factory=dict)  # watched directory -> candidate paths
-    _watched: dict[str, set[str]] = field(default_factory=dict)  # candidate path -> directories watched for it
+    # Watched directory -> candidate paths concerned, and candidate path -> directories watched for it (tuples:
+    # thousands of them, of one to three paths each).
+    _owners: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    _watched: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _order: list[str] = field(default_factory=list)  # candidate paths in precedence order (also the sweep's)
     _cursor: int = 0
     _found: dict[str, TLSFiles] = field(default_factory=dict)
@@ -271,27 +287,33 @@ class ChangeTracker:
         files = identity_files(path)
         self._files[path] = files
         wanted = watched_directories(path, files)
-        for directory in self._watched.get(path, set()) - wanted:
+        for directory in set(self._watched.get(path, ())) - wanted:
             self._remove_owner(directory, path)
-        for directory in wanted:
-            self._add_watch(directory, path)
+        for directory in wanted - {path}:
+            self._add_watch(directory, path, again=True)  # a link in the way may point elsewhere now
         return before != files
 
-    def _add_watch(self, directory: str, owner: str) -> None:
+    def _add_watch(self, directory: str, owner: str, again: bool = False) -> None:
         assert self._events is not None
-        if self._events.watch(directory):
-            self._owners.setdefault(directory, set()).add(owner)
-            self._watched.setdefault(owner, set()).add(directory)
+        if self._events.watch(directory, again):
+            owners = self._owners.get(directory, ())
+            if owner not in owners:
+                self._owners[directory] = (*owners, owner)
+            watched = self._watched.get(owner, ())
+            if directory not in watched:
+                self._watched[owner] = (*watched, directory)
 
     def _remove_owner(self, directory: str, owner: str) -> None:
-        owners = self._owners.get(directory)
-        if owners is not None:
-            owners.discard(owner)
-            if not owners:
-                del self._owners[directory]
-                if directory not in self.directories and self._events is not None:
-                    self._events.unwatch(directory)
-        self._watched.get(owner, set()).discard(directory)
+        owners = tuple(other for other in self._owners.get(directory, ()) if other != owner)
+        if owners:
+            self._owners[directory] = owners
+        elif self._owners.pop(directory, None) is not None and directory not in self.directories and self._events:
+            self._events.unwatch(directory)  # (the configured directories stay watched)
+        watched = tuple(other for other in self._watched.get(owner, ()) if other != directory)
+        if watched:
+            self._watched[owner] = watched
+        else:
+            self._watched.pop(owner, None)
 
     def _drop(self, path: str) -> None:
         for directory in list(self._watched.get(path, ())):
@@ -313,7 +335,8 @@ class ChangeTracker:
                 shadowed.append(files)
             else:
                 path_of[name] = path
-        self._found, self._shadowed, self._path_of = found, shadowed, path_of
+        if found != self._found or shadowed != self._shadowed:  # else the same objects: nothing to redo
+            self._found, self._shadowed, self._path_of = found, shadowed, path_of
 
     def close(self) -> None:
         """Stop watching (closes the inotify descriptor)."""

@@ -51,10 +51,14 @@ _HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the p
 _COUNT = struct.Struct("<I")
 _ENTRY = struct.Struct("<4i")  # indices of an identity's cert, key, CA and leaf among the table's blobs (-1: none)
 
-REGION_BYTES = 16 * 1024 * 1024
-"""Room for the table of kept identities in a :class:`SharedStore`: the configured identity and
-thousands of SNI identities (a few KiB each; a client-CA bundle shared by all of them is kept once).
-Only the pages written are ever used."""
+REGION_BYTES = 256 * 1024 * 1024
+"""Room for the table of kept identities in a :class:`SharedStore` (two such regions are mapped): the
+configured identity and tens of thousands of SNI identities (1.7 KiB each with an EC P-256 key and a
+one-certificate chain, about 6 KiB with RSA 2048 and an intermediate; a client-CA bundle shared by all of
+them is kept once). Address space only: the pages written are the only memory used."""
+
+_MAX_ASK = 512
+"""An ask naming an identity is at most this long (POSIX guarantees atomic pipe writes of 512 bytes)."""
 
 LOCK_WAIT = 2.0
 """Seconds a write waits for another process's write to end before giving up (it logs why)."""
@@ -262,15 +266,33 @@ class SharedStore:
         if kept is None or kept[0] != parts or (leaf is not None and kept[1] != leaf):
             self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
 
+    def write_many(self, identities: Mapping[str, tuple[Snapshot, Leaf | None]]) -> None:
+        """Keep each identity of ``identities`` (name: its snapshot and leaf) as :meth:`write` would, in one
+        write of the table: what a server's process finding thousands of identities at once does (a write
+        rewrites the whole table). Never raises."""
+        table = self._table()
+        changes: dict[str, Kept] = {}
+        for name, (snapshot, leaf) in identities.items():
+            parts = (snapshot.cert, snapshot.key, snapshot.ca)
+            kept = table.get(name)
+            if kept is None or kept[0] != parts or (leaf is not None and kept[1] != leaf):
+                changes[name] = (parts, leaf)
+        if len(changes) == 1:
+            name, (parts, leaf) = next(iter(changes.items()))
+            self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
+        elif changes:
+            self._change(next(iter(changes)), lambda table: table.update(changes), f"{len(changes)} identities")
+
     def forget(self, name: str) -> None:
         """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
         if self.read(name) is not None:
             self._change(name, lambda table: table.pop(name, None))
 
-    def _change(self, name: str, change: Callable[[dict[str, Kept]], object]) -> None:
+    def _change(self, name: str, change: Callable[[dict[str, Kept]], object], what: str | None = None) -> None:
+        what = what or _named(name)
         with self._exclusive() as locked:
             if not locked:
-                log.warning("the last good certificate of %s is not kept: another process held the store", _named(name))
+                log.warning("the last good certificate of %s is not kept: another process held the store", what)
                 return
             table = dict(self._table())
             change(table)
@@ -281,7 +303,7 @@ class SharedStore:
                     log.warning(
                         "the last good certificate of %s is not kept: the identities kept would take %d bytes, "
                         "more than the %d kept in memory",
-                        _named(name),
+                        what,
                         len(payload),
                         self._region - _HEADER.size,
                     )
@@ -291,7 +313,9 @@ class SharedStore:
             base = self._base(index)
             _HEADER.pack_into(self._map, base, 0, len(payload), b"")  # invalid while being written
             self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
-            _HEADER.pack_into(self._map, base, max(generations) + 1, len(payload), hashlib.sha256(payload).digest())
+            generation = max(generations) + 1
+            _HEADER.pack_into(self._map, base, generation, len(payload), hashlib.sha256(payload).digest())
+            self._cached = (index, generation, table)  # what was just written: no need to decode it again
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[bool]:
@@ -317,15 +341,18 @@ class SharedStore:
 
     # -- the keeper -----------------------------------------------------------------------------
 
-    def ask(self, wait: float = ASK_WAIT) -> bool:
+    def ask(self, wait: float = ASK_WAIT, name: str | None = None) -> bool:
         """Have the keeper (:func:`keep_newest_valid`, in a spawn server's parent) look at the files
-        now, and wait until it has: ``True`` then; ``False`` at once when this store has no keeper
-        (gunicorn's), or after ``wait`` seconds when the keeper does not answer. Blocking."""
+        now (those of identity ``name`` at least; ``None``: every identity), and wait until it has:
+        ``True`` then; ``False`` at once when this store has no keeper (gunicorn's), or after ``wait``
+        seconds when the keeper does not answer. Blocking."""
         if self._asks is None:
             return False
         begun = self._passes()[0]
+        label = name.encode() if name is not None else b"\0"
+        asked = label + b"\n" if len(label) < _MAX_ASK and b"\n" not in label else b"\0\n"  # \0: all of them
         try:
-            os.write(self._asks, b"?")
+            os.write(self._asks, asked)  # at most PIPE_BUF bytes: written whole, never interleaved
         except BlockingIOError:
             pass  # the pipe is full of asks the keeper has yet to read: it will look
         except OSError:
@@ -358,11 +385,20 @@ class Keeper:
     asks: int
     """The read end of the pipe workers ask through."""
 
-    def wait(self, timeout: float) -> None:
-        """Return when a worker asks, or after ``timeout`` seconds."""
+    def wait(self, timeout: float) -> set[str] | None:
+        """Return when a worker asks, or after ``timeout`` seconds: the names of the identities asked
+        about (empty: none asked), ``None`` when one asked about every identity."""
+        asked: set[str] | None = set()
         if select.select([self.asks], [], [], timeout)[0]:
+            data = b""
             with contextlib.suppress(BlockingIOError):
-                os.read(self.asks, 65536)
+                data = os.read(self.asks, 65536)
+            for ask in data.split(b"\n")[:-1]:
+                if b"\0" in ask or asked is None:
+                    asked = None
+                else:
+                    asked.add(ask.decode(errors="replace"))
+        return asked
 
     @contextlib.contextmanager
     def one_pass(self) -> Iterator[None]:

@@ -425,6 +425,11 @@ def test_a_real_server_in_process_takes_keys_the_way_ssl_does(tmp_path: Path, ca
             install(second)
             wait_until(lambda: served(port, ctx) == second.serial, DEADLINE, what="the new serial")
             assert check_health(port, trusting(ca)) == SERVING and credentials.status().failures == 0
+            if options:  # the matrix's wrong key password: refused, the last good kept
+                layout.install(with_password(issue(ca), "not the password"))
+                wait_until(lambda: credentials.status().failures == 1, DEADLINE, what="the wrong password reported")
+                assert "wrong password" in (credentials.status().last_error or "")
+                assert served(port, ctx) == second.serial and credentials.configurations == 2
         finally:
             server.stop(None)
 

@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from . import __version__, demo, watch
 from .identity import InvalidIdentity, Leaf, TLSFiles, password_file
 from .reloader import PASSWORD_FILE_ENV, load_identity
+from .sni_discovery import discover, resolve_directories
+from .sni_summary import summarize
 
 EXIT_OK = 0
 EXIT_UNUSABLE = 1
@@ -141,13 +143,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Each server's own spellings too, so that a server's options can be pasted as they are.
     check.add_argument(
+        "directory",
+        nargs="?",
+        metavar="DIR",
+        help="instead of --cert: a directory of SNI identities (or one identity), as --tls-sni takes it; prints "
+        "one summary line and a line per identity refused",
+    )
+    check.add_argument(
         "--cert",
         "--certfile",
         "--ssl-certfile",
         dest="cert",
-        required=True,
         metavar="PATH",
-        help="certificate chain (PEM), leaf first (also --certfile, --ssl-certfile)",
+        help="certificate chain (PEM), leaf first (also --certfile, --ssl-certfile); required without DIR",
+    )
+    check.add_argument(
+        "--each", action="store_true", help="with DIR: also a line per identity (name, serial, expiry, names)"
     )
     check.add_argument(
         "--key",
@@ -200,8 +211,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_check_directory(args: argparse.Namespace) -> int:
+    """``tlsreload check DIR``: check every SNI identity in ``DIR`` as a server would; print one summary line,
+    one line per identity refused (and, with ``--each``, per identity); return the exit status: 1 when one is
+    unusable, else 3 when one is outside its validity period or within ``--warn-days``, else 0."""
+    try:
+        path = args.password_file or os.environ.get(PASSWORD_FILE_ENV)
+        password = read_password_file(path) if path else None
+        found = discover(resolve_directories([args.directory]), args.ca or None)
+    except (InvalidIdentity, ValueError) as e:
+        print(f"tlsreload check: NOT USABLE: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    now = datetime.now(timezone.utc)
+    leaves: dict[str, Leaf] = {}
+    refused: dict[str, str] = {}
+    late: dict[str, str] = {}
+    for name, files in found.items():
+        try:
+            leaves[name] = leaf = check_files(files, password)
+        except InvalidIdentity as e:
+            refused[name] = str(e)
+            continue
+        verdict = judge_validity(leaf, now, args.warn_days)
+        if verdict.reason is not None:
+            late[name] = verdict.reason
+        if args.each:
+            print(
+                f"{name}: serial {leaf.serial}, not after {leaf.not_after.isoformat()}, {', '.join(leaf.sans) or '-'}"
+            )
+    print(summarize(leaves, refused, len(found)).line())
+    for name, why in {**late, **refused}.items():
+        print(f"{name}: {'NOT USABLE: ' if name in refused else ''}{why}", file=sys.stderr)
+    return EXIT_UNUSABLE if refused else EXIT_EXPIRY if late else EXIT_OK
+
+
 def run_check(args: argparse.Namespace) -> int:
     """``tlsreload check``: print the certificate's details; return the exit status."""
+    if args.directory is not None:
+        return run_check_directory(args)
     files = TLSFiles(args.cert, args.key or None, args.ca or None)
     try:
         path = args.password_file or os.environ.get(PASSWORD_FILE_ENV)
@@ -227,7 +274,10 @@ def run_check(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tlsreload`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "check" and (args.cert is None) == (args.directory is None):
+        parser.error("check takes either --cert PATH (one certificate and key) or DIR (identities), not both")
     if args.command == "check":
         try:
             return run_check(args)

@@ -43,6 +43,8 @@ from .reloader import Outcome, Reloader, Status
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
+    from .sni_summary import Summary
+
 log = logging.getLogger("tlsreload_plugins.metrics")
 
 LABELS = ("certfile", "identity")
@@ -51,8 +53,14 @@ DEFAULT_IDENTITY = "default"
 GAUGE_MULTIPROCESS_MODE: Final = "livemin"
 
 METRICS_ENV = "TLSRELOAD_METRICS"
-"""``1`` (or ``true``, ``yes``, ``on``) for the adapters to export metrics; unset or ``0`` for none."""
-_TRUE = frozenset({"1", "true", "yes", "on"})
+"""``1`` (or ``true``, ``yes``, ``on``) for the adapters to export metrics; unset or ``0`` for none;
+``per-identity`` for metrics with every SNI identity's own series, however many there are."""
+PER_IDENTITY = "per-identity"
+PER_IDENTITY_UP_TO = 100
+"""SNI identities get their own series (labelled ``identity``) when a server has at most this many, or
+with ``TLSRELOAD_METRICS=per-identity``; beyond, the aggregates of :func:`report_sni` only (six series
+per identity, 10,000 identities: 60,000 series in every worker)."""
+_TRUE = frozenset({"1", "true", "yes", "on", PER_IDENTITY})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
@@ -69,7 +77,59 @@ def wanted(setting: bool | None = None) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{METRICS_ENV} must be 1 or 0 (true/false, yes/no, on/off), got {value!r}")
+    raise ValueError(f"{METRICS_ENV} must be 1, 0 (true/false, yes/no, on/off) or {PER_IDENTITY}, got {value!r}")
+
+
+def per_identity() -> bool:
+    """Whether ``$TLSRELOAD_METRICS`` asks for every SNI identity's own series (``per-identity``)."""
+    return os.environ.get(METRICS_ENV, "").strip().lower() == PER_IDENTITY
+
+
+_sni_families: dict[int, tuple[object, Gauge, Gauge]] = {}
+_sni_soonest: dict[int, str] = {}  # the identity the soonest-expiry series was last set for, by registry
+
+
+def report_sni(summary: Summary, registry: CollectorRegistry | None = None) -> None:
+    """Export a server's SNI identities in aggregate: ``tlsreload_sni_identities{state="valid"|"refused"}``
+    and ``tlsreload_sni_soonest_not_after_timestamp_seconds{identity=...}`` (the served certificate that
+    expires first). Does nothing without prometheus_client; never raises."""
+    try:
+        from prometheus_client import REGISTRY, Gauge
+    except ImportError:
+        return
+    try:
+        with _lock:
+            entry = _sni_families.get(id(registry))
+            if entry is None:
+                target = REGISTRY if registry is None else registry
+                count = Gauge(
+                    "tlsreload_sni_identities",
+                    "SNI identities found, by state: valid (served) or refused (their names get the default identity).",
+                    ("state",),
+                    registry=target,
+                    multiprocess_mode="livemax",
+                )
+                soonest = Gauge(
+                    "tlsreload_sni_soonest_not_after_timestamp_seconds",
+                    "Expiry (not-after) of the served SNI certificate that expires first, as a Unix timestamp.",
+                    ("identity",),
+                    registry=target,
+                    multiprocess_mode=GAUGE_MULTIPROCESS_MODE,
+                )
+                entry = (registry, count, soonest)
+                _sni_families[id(registry)] = entry
+            _, count, soonest = entry
+            count.labels("valid").set(summary.valid)
+            count.labels("refused").set(len(summary.refused))
+            before = _sni_soonest.get(id(registry))
+            now = summary.soonest[0] if summary.soonest is not None else None
+            if before is not None and before != now and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+                soonest.remove(before)  # (not possible across processes: there the old series keeps its value)
+            if summary.soonest is not None:
+                soonest.labels(summary.soonest[0]).set(summary.soonest[1].timestamp())
+                _sni_soonest[id(registry)] = summary.soonest[0]
+    except Exception as e:  # metrics must never stop TLS serving
+        log.warning("Prometheus metrics of the SNI identities are off: %s: %s", type(e).__name__, e)
 
 
 @dataclass(frozen=True)

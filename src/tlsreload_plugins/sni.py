@@ -65,6 +65,7 @@ from .sni_discovery import IDENTITY_FILES, SNI_ENV, _is_alive, discover, resolve
 from .sni_discovery import _discover as _discover
 from .sni_discovery import every_identity as every_identity
 from .sni_discovery import identity_files as identity_files
+from .sni_summary import Summary, summarize
 from .sni_watch import ChangeTracker
 
 __all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
@@ -139,9 +140,12 @@ class SNIIdentities:
         self._table: dict[str, Reloader] = {}
         self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs)
         self._found: dict[str, TLSFiles] = {}  # what the tracker found last
+        self._count = 0  # how many identities it found (per-identity metrics below metrics.PER_IDENTITY_UP_TO)
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
         self._contexts = ContextCache()
         self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
+        self._starting = True  # the first look: one summary line, not a line per identity
+        self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
         self._missing: set[str] = set()
         self._pending: dict[str, str] = {}
         self._unserved: dict[str, str] = {}
@@ -149,6 +153,7 @@ class SNIIdentities:
         self._directories_missing: set[str] = set()
         self._shadowed_logged: set[str] = set()
         self.check(settle=False)
+        self._starting = False
 
     @classmethod
     def attach(
@@ -177,11 +182,7 @@ class SNIIdentities:
         default.add_callbacks(on_check=identities._on_default_check)
         _attached[default] = identities
         log.info(
-            "serving %d SNI identit%s from %s: %s",
-            len(identities._identities),
-            "y" if len(identities._identities) == 1 else "ies",
-            os.pathsep.join(identities.directories),
-            ", ".join(identities._identities) or "none yet",
+            "serving SNI identities from %s: %s", os.pathsep.join(identities.directories), identities.summary().line()
         )
         return identities
 
@@ -226,6 +227,13 @@ class SNIIdentities:
         named = {name: refused[reloader] for name, reloader in self._identities.items() if reloader in refused}
         return {**self._unserved, **named}
 
+    def summary(self) -> Summary:
+        """How many identities there are, how many are served and refused (and why), how many contexts are
+        built, which certificate expires first: what to read at 10,000 identities rather than :meth:`status`."""
+        leaves = {name: reloader.leaf for name, reloader in self._identities.items()}
+        unserved = self.unserved()
+        return summarize(leaves, unserved, len(leaves) + len(unserved.keys() - leaves.keys()), len(self._contexts))
+
     def names(self) -> dict[str, str]:
         """The routing table: each server name (or ``*.`` wildcard) and the identity that answers it."""
         by_reloader = {id(reloader): name for name, reloader in self._identities.items()}
@@ -246,6 +254,7 @@ class SNIIdentities:
             self._note_directories()
             tick = self._tracker.tick(also=self._again)
             found = tick.found
+            self._count = len(found)
             for files in tick.shadowed:
                 if files.certfile not in self._shadowed_logged:
                     self._shadowed_logged.add(files.certfile)
@@ -277,6 +286,9 @@ class SNIIdentities:
             self._found = found
             if rebuild:
                 self._rebuild()
+            if self.export_metrics and (rebuild or self._reported != (len(self._identities), len(self._unserved))):
+                self._reported = (len(self._identities), len(self._unserved))
+                metrics.report_sni(self.summary())
             if self._to_keep:
                 if self.store is not None:  # one write for every identity found at once (start-up)
                     self.store.write_many(self._to_keep)
@@ -368,9 +380,10 @@ class SNIIdentities:
         self._unserved.pop(name, None)
         if reloader.validated is not None:
             self._to_keep[name] = (reloader.validated, reloader.leaf)
-        if self.export_metrics:
+        if self.export_metrics and (metrics.per_identity() or self._count <= metrics.PER_IDENTITY_UP_TO):
             metrics.observe(reloader, identity=name)
-        log.info("SNI identity %s: %s", name, reloader.describe())
+        if not self._starting:  # at start, one summary line for all of them
+            log.info("SNI identity %s: %s", name, reloader.describe())
         return reloader
 
     def _rebuild(self) -> None:

@@ -193,9 +193,11 @@ def compare_paired(
     seconds: float,
     clients: int,
     pool: concurrent.futures.Executor,
+    labels: tuple[str, str] = ("stock", "plugin"),
 ) -> dict[str, Any]:
     """Stock and plugin measured together: in each window every client alternates between them (half the
-    clients starting with each); per window, each side's server CPU per handshake."""
+    clients starting with each); per window, each side's server CPU per handshake. ``labels`` name the two
+    sides in the progress lines only (``against_commit.py`` pairs an old and a new plugin)."""
     names = ["stock", "plugin"]
     ports = tuple(sides[side].port for side in names)
     rates: dict[str, list[float]] = {side: [] for side in names}
@@ -218,8 +220,8 @@ def compare_paired(
             cpu_us[side].append(used / counts[i] * 1e6)
         failures["plugin"] += sum(res[1] for res in results)  # not attributable to a side: counted once
         kit.log(
-            f"  {server} paired window {r}/{rounds}: server CPU us/hs stock {cpu_us['stock'][-1]:.0f}, "
-            f"plugin {cpu_us['plugin'][-1]:.0f}"
+            f"  {server} paired window {r}/{rounds}: server CPU us/hs {labels[0]} {cpu_us['stock'][-1]:.0f}, "
+            f"{labels[1]} {cpu_us['plugin'][-1]:.0f}"
         )
     per_window = [p / s for p, s in zip(cpu_us["plugin"], cpu_us["stock"], strict=True) if s]
     stock, plugin = kit.median(rates["stock"]), kit.median(rates["plugin"])

@@ -85,14 +85,17 @@ def started(server: str, side: str, cert: Path, key: Path, tmp: Path) -> Iterato
         yield running
 
 
-def warm(running: kit.Server, requests: int, serial: str | None = None) -> dict[int, frozenset[str]]:
-    """Make ``requests`` fresh connections (handshake + request), and more until every worker answered (and,
-    given ``serial``, answered with that certificate); the modules each worker reported loaded, by pid."""
+def warm(
+    running: kit.Server, requests: int, serial: str | None = None, workers: int = WORKERS
+) -> dict[int, frozenset[str]]:
+    """Make ``requests`` fresh connections (handshake + request), and more until each of the ``workers`` workers
+    answered (and, given ``serial``, answered with that certificate); the modules each worker reported loaded, by
+    pid."""
     ctx = kit.client_context()
     seen: dict[int, frozenset[str]] = {}
     deadline = time.monotonic() + 60
     made = 0
-    while made < requests or len(seen) < WORKERS:
+    while made < requests or len(seen) < workers:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{running.label}: only workers {sorted(seen)} answered in 60 s:\n{running.output()}")
         answer = kit.probe(running.port, ctx)

@@ -318,7 +318,12 @@ def memory(pid: int) -> dict[str, float]:
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
         name, _, value = line.partition(":")
         kib[name.strip()] = int(value.split()[0])
-    return {"rss": kib["Rss"] / 1024, "pss": kib["Pss"] / 1024}
+    return {
+        "rss": kib["Rss"] / 1024,
+        "pss": kib["Pss"] / 1024,
+        "pss_anon": kib.get("Pss_Anon", 0) / 1024,
+        "pss_shmem": kib.get("Pss_Shmem", 0) / 1024,
+    }
 
 
 def until(predicate: Any, timeout: float, what: str, server: kit.Server, every: float = 0.02) -> float:
@@ -395,6 +400,7 @@ def measure(server_name: str, count: int, mint: Mint, work: Path, idle: float, r
             "idle_share_each": list(idle_cpu.values()),
             "pss_mib": max(m["pss"] for m in mem.values()),
             "rss_mib": max(m["rss"] for m in mem.values()),
+            "memory_each": list(mem.values()),
             "group_pss_mib": group_pss,
             "rotation_first_s": rotation["first"],
             "rotation_all_s": rotation["all"],

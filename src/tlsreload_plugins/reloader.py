@@ -42,6 +42,7 @@ from .identity import (
     Snapshot,
     TLSFiles,
     fingerprint,
+    read_files,
     validate,
 )
 from .lastgood import LastGood, RecipeFor, context_from
@@ -297,6 +298,27 @@ class Reloader:
             self._call(callbacks, *args)
         self._call(self._on_check, outcome, status)
         return outcome
+
+    def sweep(self, offload: Offload[Examined] | None = None) -> Outcome:
+        """:meth:`check` at the cost of a read and a hash when nothing changed: when the files hold exactly
+        the content served, nothing is pending, no ``on_check`` callback listens and nothing is ``offload``-ed,
+        only the counters, the
+        last success and the expiry warning are renewed (UNCHANGED); otherwise a full :meth:`check`. For
+        the SNI identities' safety-net sweep. Blocking; never raises."""
+        if offload is not None or self._on_check or self._last_error is not None or self._known_bad is not None:
+            return self.check(offload=offload)  # (offload: gevent, where even a read must leave the hub)
+        try:
+            same = fingerprint(read_files(self.files)) == self._fingerprint
+        except Exception:  # unreadable now: the full check reports it
+            same = False
+        if not same:
+            return self.check(offload=offload)
+        with self._lock:
+            now = self._clock()
+            self._checks += 1
+            self._last_success = now
+            self._warn_expiry(now)
+        return Outcome.UNCHANGED
 
     def examine(self, now: float) -> Examined:
         """The blocking half of :meth:`check`: read, and when the content is new, validate and build.

@@ -145,6 +145,7 @@ class SNIIdentities:
         self._contexts = ContextCache()
         self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
         self._starting = True  # the first look: one summary line, not a line per identity
+        self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
         self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
         self._missing: set[str] = set()
         self._pending: dict[str, str] = {}
@@ -263,6 +264,7 @@ class SNIIdentities:
                         os.path.dirname(files.certfile),
                     )
             wanted = tick.check | self._pending.keys() | self._missing
+            self._sweeping = tick.check - tick.dirty if not tick.everything else frozenset()
             self._again = set()
             current = self._identities
             rebuild = False
@@ -296,7 +298,10 @@ class SNIIdentities:
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
         """Check one served identity; whether its leaf changed (the routing table may have to follow)."""
-        outcome = reloader.check(settle=settle, offload=offload)
+        if name in self._sweeping:  # nothing reported by the kernel: a read and a hash, a full check if changed
+            outcome = reloader.sweep(offload=offload)
+        else:
+            outcome = reloader.check(settle=settle, offload=offload)
         if outcome is not Outcome.UNCHANGED:
             self._tracker.resolved(name)
         if outcome is Outcome.PENDING:

@@ -52,13 +52,10 @@ def resolve_directories(directories: Iterable[str] | str | None = None) -> list[
 
 def identity_files(directory: str) -> TLSFiles | None:
     """The certificate and key of the identity ``directory`` is, or ``None`` when it is none."""
-    try:
-        entries = set(os.listdir(directory))
-    except OSError:
-        return None
-    for cert, key in IDENTITY_FILES:
-        if cert in entries or key in entries:
-            return TLSFiles(os.path.join(directory, cert), os.path.join(directory, key))
+    for cert, key in IDENTITY_FILES:  # lstat, not a listing: a kubelet Secret is found in one system call
+        cert_path, key_path = os.path.join(directory, cert), os.path.join(directory, key)
+        if os.path.lexists(cert_path) or os.path.lexists(key_path):
+            return TLSFiles(cert_path, key_path)
     return None
 
 

@@ -108,12 +108,14 @@ class Tick:
         shadowed: identities left out because one found before has the same name.
         check: the names to check in full now (dirty, swept, or new).
         everything: every identity is to be checked (no watches, or events were lost).
+        dirty: those of ``check`` the kernel reported a change for (or new, or asked for again).
     """
 
     found: dict[str, TLSFiles]
     shadowed: list[TLSFiles]
     check: frozenset[str]
     everything: bool
+    dirty: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -204,8 +206,10 @@ class ChangeTracker:
         found = self._found
         if everything:
             return self._result(found, self._shadowed, frozenset(found), everything=True)
-        names = {os.path.basename(os.path.normpath(path)) for path in looked.union(swept)}
-        return self._result(found, self._shadowed, frozenset(name for name in names if name in found), False)
+        dirty_names = {os.path.basename(os.path.normpath(path)) for path in looked}
+        names = dirty_names | {os.path.basename(os.path.normpath(path)) for path in swept}
+        tick = self._result(found, self._shadowed, frozenset(name for name in names if name in found), False)
+        return Tick(tick.found, tick.shadowed, tick.check, False, frozenset(dirty_names))
 
     def _start_watching(self) -> Tick:
         """Watch everything from scratch: on the first tick, and after events were lost."""

@@ -24,6 +24,7 @@ import struct
 import tempfile
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -133,6 +134,69 @@ def decode(payload: bytes) -> dict[str, Kept]:
     return table
 
 
+@dataclass(frozen=True)
+class _Index:
+    """Where a region's table keeps each content (offsets into the shared mapping) and which contents each
+    identity has: a process serving thousands of identities copies out the few it reads, not the table."""
+
+    starts: array[int]
+    lengths: array[int]
+    entries: dict[str, tuple[int, int, int, int]]  # indices of cert, key, CA and leaf among the contents (-1: none)
+
+    @classmethod
+    def of(cls, payload: memoryview, start: int) -> _Index:
+        """The index of ``payload`` (an :func:`encode` table found at offset ``start`` of the mapping).
+
+        Raises:
+            ValueError: ``payload`` is not a table :func:`encode` wrote.
+        """
+        at = 0
+
+        def count() -> int:
+            nonlocal at
+            if at + _COUNT.size > len(payload):
+                raise ValueError("truncated table")
+            (n,) = _COUNT.unpack_from(payload, at)
+            at += _COUNT.size
+            return int(n)
+
+        starts, lengths = array("Q"), array("Q")
+        for _ in range(count()):
+            length = count()
+            if at + length > len(payload):
+                raise ValueError("truncated table")
+            starts.append(start + at)
+            lengths.append(length)
+            at += length
+        entries: dict[str, tuple[int, int, int, int]] = {}
+        for _ in range(count()):
+            size = count()
+            if at + size + _ENTRY.size > len(payload):
+                raise ValueError("truncated table")
+            name = bytes(payload[at : at + size]).decode()
+            cert, key, ca, leaf = _ENTRY.unpack_from(payload, at + size)
+            at += size + _ENTRY.size
+            if cert < 0 or max(cert, key, ca, leaf) >= len(starts):
+                raise ValueError(f"identity {name!r} kept with contents the table does not hold")
+            entries[name] = (cert, key, ca, leaf)
+        return cls(starts, lengths, entries)
+
+    def contents(self, mapping: mmap.mmap, name: str) -> Kept | None:
+        """What is kept for ``name``, copied out of ``mapping`` (``None``: nothing)."""
+        entry = self.entries.get(name)
+        if entry is None:
+            return None
+        cert, key, ca, leaf = (
+            None if i < 0 else mapping[self.starts[i] : self.starts[i] + self.lengths[i]] for i in entry
+        )
+        assert cert is not None  # checked when indexed
+        try:
+            judged = None if leaf is None else _leaf_from(leaf)
+        except ValueError:  # a leaf this version does not read: kept without it
+            judged = None
+        return (cert, key, ca), judged
+
+
 def _named(name: str) -> str:
     return f"SNI identity {name}" if name else "the server"
 
@@ -210,7 +274,8 @@ class SharedStore:
 
     def _start_in_process(self) -> None:
         self._in_process = threading.Lock()  # POSIX record locks do not exclude threads of one process
-        self._cached: tuple[int, int, dict[str, Kept]] = (-1, 0, {})  # region, generation, table
+        # The newest intact region, its generation, and where each identity's contents lie in it.
+        self._cached: tuple[int, int, _Index | dict[str, Kept]] = (-1, 0, {})
         self._full_logged: set[str] = set()
 
     def __reduce__(self) -> tuple[Callable[..., SharedStore], tuple[object, ...]]:
@@ -228,53 +293,74 @@ class SharedStore:
         generation: int = _HEADER.unpack_from(self._map, self._base(index))[0]
         return generation
 
-    def _table(self) -> dict[str, Kept]:
-        """The newest intact table (empty when none is)."""
+    def _current(self) -> tuple[int, int, _Index] | None:
+        """The newest intact region: its number, generation and index (``None`` when neither is intact)."""
         for index in sorted((0, 1), key=self._generation, reverse=True):
             base = self._base(index)
             generation, length, digest = _HEADER.unpack_from(self._map, base)
             if generation == 0 or length > self._region - _HEADER.size:
                 continue
-            if self._cached[:2] == (index, generation):  # a region is rewritten only under a new generation
-                return self._cached[2]
-            payload = self._map[base + _HEADER.size : base + _HEADER.size + length]
-            if hashlib.sha256(payload).digest() != digest or self._generation(index) != generation:
-                continue  # torn, or being rewritten as it was read
-            try:
-                table = decode(payload)
-            except ValueError:
-                continue
-            self._cached = (index, generation, table)
-            return table
-        return {}
+            region, known, table = self._cached
+            if (region, known) == (index, generation) and isinstance(table, _Index):
+                return index, generation, table  # a region is rewritten only under a new generation
+            start = base + _HEADER.size
+            with memoryview(self._map)[start : start + length] as payload:
+                intact = hashlib.sha256(payload).digest() == digest and self._generation(index) == generation
+                try:
+                    located = _Index.of(payload, start) if intact else None
+                except ValueError:
+                    located = None
+            if located is None:
+                continue  # torn, being rewritten as it was read, or not a table this version wrote
+            self._cached = (index, generation, located)
+            return index, generation, located
+        return None
+
+    def _kept(self, name: str) -> Kept | None:
+        """What is kept for ``name``: its contents copied out of the shared memory, not the whole table."""
+        for _ in range(3):
+            current = self._current()
+            if current is None:
+                return None
+            region, generation, located = current
+            found = located.contents(self._map, name)
+            if self._generation(region) == generation:
+                return found
+            self._cached = (-1, 0, {})  # rewritten while being read: look again
+        return None
+
+    def _table(self) -> dict[str, Kept]:
+        """The newest intact table, every identity decoded (empty when none is): for a write."""
+        current = self._current()
+        if current is None:
+            return {}
+        region, generation, located = current
+        table = {name: kept for name in located.entries if (kept := located.contents(self._map, name)) is not None}
+        return table if self._generation(region) == generation else self._table()
 
     def read(self, name: str = DEFAULT) -> Parts | None:
         """The newest ``(cert, key, ca)`` kept for ``name``, or ``None``."""
-        kept = self._table().get(name)
+        kept = self._kept(name)
         return None if kept is None else kept[0]
 
     def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
         """The identity kept for ``name`` with the leaf its validation found, or ``None``."""
-        kept = self._table().get(name)
+        kept = self._kept(name)
         return None if kept is None or kept[1] is None else (kept[0], kept[1])
 
     def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
         """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
         ``leaf`` its validation found. Never raises."""
-        parts = (snapshot.cert, snapshot.key, snapshot.ca)
-        kept = self._table().get(name)
-        if kept is None or kept[0] != parts or (leaf is not None and kept[1] != leaf):
-            self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
+        self.write_many({name: (snapshot, leaf)})
 
     def write_many(self, identities: Mapping[str, tuple[Snapshot, Leaf | None]]) -> None:
         """Keep each identity of ``identities`` (name: its snapshot and leaf) as :meth:`write` would, in one
         write of the table: what a server's process finding thousands of identities at once does (a write
         rewrites the whole table). Never raises."""
-        table = self._table()
         changes: dict[str, Kept] = {}
         for name, (snapshot, leaf) in identities.items():
             parts = (snapshot.cert, snapshot.key, snapshot.ca)
-            kept = table.get(name)
+            kept = self._kept(name)
             if kept is None or kept[0] != parts or (leaf is not None and kept[1] != leaf):
                 changes[name] = (parts, leaf)
         if len(changes) == 1:
@@ -315,7 +401,8 @@ class SharedStore:
             self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
             generation = max(generations) + 1
             _HEADER.pack_into(self._map, base, generation, len(payload), hashlib.sha256(payload).digest())
-            self._cached = (index, generation, table)  # what was just written: no need to decode it again
+            start = base + _HEADER.size
+            self._cached = (index, generation, _Index.of(memoryview(payload), start))  # no need to hash it again
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[bool]:

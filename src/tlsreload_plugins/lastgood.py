@@ -139,6 +139,23 @@ def context_from(snapshot: Snapshot, recipe_for: RecipeFor) -> ssl.SSLContext:
     return context
 
 
+def bytes_served(files: TLSFiles, served: str, last_good: LastGood | None) -> Snapshot | None:
+    """The bytes whose fingerprint is ``served``, from ``last_good``'s store when it keeps them, else from
+    ``files`` when they still hold them; ``None`` when neither does (the files moved on since). What an
+    on-demand reloader that keeps no copy of its own builds its context from."""
+    if last_good is not None:
+        parts = last_good.store.read(last_good.name)
+        if parts is not None:
+            kept = Snapshot(files, *parts)
+            if fingerprint(kept) == served:
+                return kept
+    try:
+        snapshot = read_files(files)
+    except InvalidIdentity:
+        return None
+    return snapshot if fingerprint(snapshot) == served else None
+
+
 @dataclass(frozen=True)
 class LastGood:
     """The newest identity a server served under one name, and how to build a context from it.

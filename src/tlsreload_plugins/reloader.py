@@ -45,7 +45,7 @@ from .identity import (
     read_files,
     validate,
 )
-from .lastgood import LastGood, RecipeFor, context_from
+from .lastgood import LastGood, RecipeFor, bytes_served, context_from
 from .outcome import Outcome as Outcome
 from .outcome import Settling as Settling
 from .outcome import Status as Status
@@ -482,14 +482,21 @@ class Reloader:
         if demand is None:
             raise InvalidIdentity(f"no context was built for {self.files.describe()}")
         with demand.lock:
-            newest, validated = self._serving[0], demand.validated
+            newest = self._serving[0]
             if newest is not None:
                 return newest
+            validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
+            if validated is None:  # the files moved on, and the store with them: judge them now
+                self.check(settle=False)
+                newest = self._serving[0]
+                if newest is not None:
+                    return newest
+                validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
             if validated is None:
-                raise InvalidIdentity(f"no context was built for {self.files.describe()}")
+                raise InvalidIdentity(f"the files of {self.files.describe()} changed since they were validated")
             context = context_from(validated, demand.recipe_for)
             with self._lock:
-                if demand.validated is validated:  # else a reload came in meanwhile: serve its context next time
+                if self._fingerprint == fingerprint(validated):  # else a reload came in meanwhile: build again
                     self._serving = (context, context.sni_callback)
             return context
 
@@ -499,6 +506,14 @@ class Reloader:
         if self._demand is not None:
             with self._lock:
                 self._serving = (None, None)
+
+    def forget_bytes(self) -> None:
+        """An ``on_demand`` reloader whose ``last_good`` store keeps exactly the bytes it serves drops its own
+        copy: a build reads them from the store (or from the files, while they hold them)."""
+        demand = self._demand
+        if demand is not None and self._last_good is not None:
+            with self._lock:
+                demand.validated = None
 
     @property
     def validated(self) -> Snapshot | None:

@@ -292,8 +292,13 @@ class SNIIdentities:
                 self._reported = (len(self._identities), len(self._unserved))
                 metrics.report_sni(self.summary())
             if self._to_keep:
-                if self.store is not None:  # one write for every identity found at once (start-up)
-                    self.store.write_many(self._to_keep)
+                # One write for every identity found at once (start-up); then the store holds their bytes
+                # (shared by the server's processes) and the reloaders need no copy of their own.
+                if self.store is not None and self.store.write_many(self._to_keep):
+                    for name in self._to_keep:
+                        kept = self._identities.get(name)
+                        if kept is not None:
+                            kept.forget_bytes()
                 self._to_keep = {}
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:

@@ -353,10 +353,10 @@ class SharedStore:
         ``leaf`` its validation found. Never raises."""
         self.write_many({name: (snapshot, leaf)})
 
-    def write_many(self, identities: Mapping[str, tuple[Snapshot, Leaf | None]]) -> None:
+    def write_many(self, identities: Mapping[str, tuple[Snapshot, Leaf | None]]) -> bool:
         """Keep each identity of ``identities`` (name: its snapshot and leaf) as :meth:`write` would, in one
         write of the table: what a server's process finding thousands of identities at once does (a write
-        rewrites the whole table). Never raises."""
+        rewrites the whole table). Whether the store keeps them all now. Never raises."""
         changes: dict[str, Kept] = {}
         for name, (snapshot, leaf) in identities.items():
             parts = (snapshot.cert, snapshot.key, snapshot.ca)
@@ -365,21 +365,22 @@ class SharedStore:
                 changes[name] = (parts, leaf)
         if len(changes) == 1:
             name, (parts, leaf) = next(iter(changes.items()))
-            self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
-        elif changes:
-            self._change(next(iter(changes)), lambda table: table.update(changes), f"{len(changes)} identities")
+            return self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
+        if changes:
+            return self._change(next(iter(changes)), lambda table: table.update(changes), f"{len(changes)} identities")
+        return True
 
     def forget(self, name: str) -> None:
         """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
         if self.read(name) is not None:
             self._change(name, lambda table: table.pop(name, None))
 
-    def _change(self, name: str, change: Callable[[dict[str, Kept]], object], what: str | None = None) -> None:
+    def _change(self, name: str, change: Callable[[dict[str, Kept]], object], what: str | None = None) -> bool:
         what = what or _named(name)
         with self._exclusive() as locked:
             if not locked:
                 log.warning("the last good certificate of %s is not kept: another process held the store", what)
-                return
+                return False
             table = dict(self._table())
             change(table)
             payload = encode(table)
@@ -393,7 +394,7 @@ class SharedStore:
                         len(payload),
                         self._region - _HEADER.size,
                     )
-                return
+                return False
             generations = [self._generation(i) for i in (0, 1)]
             index = 0 if generations[0] <= generations[1] else 1  # overwrite the older region
             base = self._base(index)
@@ -403,6 +404,7 @@ class SharedStore:
             _HEADER.pack_into(self._map, base, generation, len(payload), hashlib.sha256(payload).digest())
             start = base + _HEADER.size
             self._cached = (index, generation, _Index.of(memoryview(payload), start))  # no need to hash it again
+        return True
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[bool]:

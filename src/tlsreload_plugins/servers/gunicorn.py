@@ -8,7 +8,7 @@ or ``add_reload(globals())`` at the end of your own ``gunicorn.conf.py``: it wra
 Where the context is built: your ``ssl_context`` hook applied to gunicorn's default factory is the recipe;
 the hook then returns the worker's one reloading context (``sync`` and ``gthread`` call it per connection,
 the others once). ``uvicorn_worker.UvicornWorker`` never calls the hook: its ``CONFIG_KWARGS`` get a factory
-(see :mod:`tlsreload_plugins.servers.uvicorn`). Worker lifecycle: forked. ``on_starting`` checks the files
+(see :mod:`tlsreload_plugins.servers.uvicorn_worker`). Worker lifecycle: forked. ``on_starting`` checks the files
 in the arbiter before it binds, into the last good store every worker shares; each worker makes its reloader
 in ``post_worker_init`` (after gevent's patching) with a :class:`~tlsreload_plugins.ThreadDriver`, and stops
 it in ``worker_exit``. See docs/gunicorn.md.
@@ -245,9 +245,9 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
     if not worker.cfg.is_ssl:
         return
     if _is_uvicorn_worker(type(worker)):
-        from . import uvicorn  # its uvicorn calls the factory as it starts serving, after this hook
+        from . import uvicorn_worker  # its uvicorn calls the factory as it starts serving, after this hook
 
-        uvicorn.in_gunicorn_worker(
+        uvicorn_worker.in_gunicorn_worker(
             worker, user_ssl_context, lambda *recipes: serve(worker, *recipes, settings=settings)
         )
         return
@@ -268,7 +268,7 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
     serve(worker, _gunicorn_recipe(worker.cfg), recipe_for, settings=settings)
 
 
-OTHER_SERVERS_WORKERS = {"uvicorn_worker": "uvicorn", "uvicorn": "uvicorn", "aiohttp": "aiohttp"}
+OTHER_SERVERS_WORKERS = {"uvicorn_worker": "uvicorn_worker", "uvicorn": "uvicorn_worker", "aiohttp": "aiohttp"}
 """Worker classes another server ships, by its top-level package: the glue that knows how they build their
 context (its ``prepare_gunicorn_worker_class`` configures the class, or refuses it with one line)."""
 
@@ -283,7 +283,7 @@ def _other_server(worker_class: Any) -> str | None:
 
 
 def _is_uvicorn_worker(worker_class: Any) -> bool:
-    return _other_server(worker_class) == "uvicorn"
+    return _other_server(worker_class) == "uvicorn_worker"
 
 
 def _prepare_worker_class(cfg: Any) -> None:

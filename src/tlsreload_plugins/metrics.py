@@ -18,6 +18,11 @@ identity, an SNI identity's name for that identity, see :mod:`tlsreload_plugins.
 * ``tlsreload_certificate_not_after_timestamp_seconds``: when the served certificate expires;
 * ``tlsreload_last_success_timestamp_seconds``: when a check last found a usable identity on disk.
 
+SNI identities (:mod:`tlsreload_plugins.sni`) have these series each when a server has at most
+:data:`PER_IDENTITY_UP_TO` of them, or with ``TLSRELOAD_METRICS=per-identity``; beyond, the aggregates of
+:func:`report_sni` only: ``tlsreload_sni_identities{state}`` and
+``tlsreload_sni_soonest_not_after_timestamp_seconds{identity}``.
+
 Under gunicorn (several worker processes) set ``PROMETHEUS_MULTIPROC_DIR`` as prometheus_client
 documents: counters are then summed over all workers, dead ones included, and both gauges report
 the minimum over live workers (``livemin``): the oldest certificate still served anywhere and the

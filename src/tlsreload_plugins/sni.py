@@ -109,10 +109,13 @@ class SNIIdentities:
     context's store), ``password`` (the key password), ``interval`` and ``expiry_warning_days``
     are the default reloader's, shared by every identity. Identities whose files cannot be used
     when first seen are not served (their names get the default identity), and are tried again
-    on every check; with a ``store`` (the default reloader's last good store, shared by the
-    server's processes), such an identity is served from the last good one any of the server's
-    processes kept for its name, as the default identity is. ``export_metrics`` exports each identity's
-    metrics, labelled with its name (:mod:`tlsreload_plugins.metrics`).
+    when their files change (and at least once a minute); with a ``store`` (the default reloader's
+    last good store, shared by the server's processes), such an identity is served from the last good
+    one any of the server's processes kept for its name, as the default identity is. ``export_metrics``
+    exports the identities' aggregate metrics, and each identity's own, labelled with its name, when there are at most
+    :data:`~tlsreload_plugins.metrics.PER_IDENTITY_UP_TO` or ``TLSRELOAD_METRICS=per-identity``
+    (:mod:`tlsreload_plugins.metrics`). Each identity's context is built by the first handshake that
+    names it (:mod:`tlsreload_plugins.sni_contexts`).
     """
 
     def __init__(

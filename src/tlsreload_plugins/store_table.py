@@ -1,0 +1,155 @@
+"""The table a :class:`~tlsreload_plugins.store.SharedStore` region holds, as bytes: :func:`encode` writes
+it (each distinct content once, then each identity's name and the indices of its contents), :func:`decode`
+reads it whole, and :class:`_Index` locates each identity's contents in place, so a process serving
+thousands of identities copies out only the few it reads. No file, no lock: the mapping and its locking are
+:mod:`tlsreload_plugins.store`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from .identity import Leaf
+
+Parts = tuple[bytes, "bytes | None", "bytes | None"]
+"""An identity as kept: the bytes of its certificate, key and client-CA files (``None``: no such file)."""
+
+Kept = tuple[Parts, "Leaf | None"]
+"""An identity as kept, with the leaf its validation found (``None``: kept without it)."""
+
+_COUNT = struct.Struct("<I")
+_ENTRY = struct.Struct("<4i")  # indices of an identity's cert, key, CA and leaf among the table's blobs (-1: none)
+
+
+def _leaf_bytes(leaf: Leaf | None) -> bytes | None:
+    if leaf is None:
+        return None
+    fields = [leaf.subject, leaf.serial, list(leaf.sans), leaf.not_before.isoformat(), leaf.not_after.isoformat()]
+    return json.dumps([*fields, leaf.sha256]).encode()
+
+
+def _leaf_from(data: bytes) -> Leaf:
+    try:
+        subject, serial, sans, not_before, not_after, sha256 = json.loads(data)
+        return Leaf(
+            str(subject),
+            str(serial),
+            tuple(str(san) for san in sans),
+            datetime.fromisoformat(not_before),
+            datetime.fromisoformat(not_after),
+            str(sha256),
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"a leaf kept in a form this version does not read: {e}") from e
+
+
+def encode(table: Mapping[str, Kept]) -> bytes:
+    """The payload of a :class:`SharedStore` region: each distinct content once (file contents, leaves),
+    then each identity's name and the indices of its contents (SNI identities share the client-CA bundle)."""
+    blobs: dict[bytes, int] = {}
+    entries: list[bytes] = []
+    for name, (parts, leaf) in table.items():
+        indices = [-1 if blob is None else blobs.setdefault(blob, len(blobs)) for blob in (*parts, _leaf_bytes(leaf))]
+        label = name.encode()
+        entries += [_COUNT.pack(len(label)), label, _ENTRY.pack(*indices)]
+    out = [_COUNT.pack(len(blobs))]
+    for blob in blobs:  # in index order: a dict keeps insertion order
+        out += [_COUNT.pack(len(blob)), blob]
+    return b"".join([*out, _COUNT.pack(len(table)), *entries])
+
+
+def decode(payload: bytes) -> dict[str, Kept]:
+    """The table :func:`encode` wrote. Raises ``ValueError`` on a payload it did not write."""
+    view = memoryview(payload)
+    at = 0
+
+    def take(n: int) -> bytes:
+        nonlocal at
+        if n < 0 or at + n > len(view):
+            raise ValueError("truncated table")
+        at += n
+        return bytes(view[at - n : at])
+
+    def count() -> int:
+        (n,) = _COUNT.unpack(take(_COUNT.size))
+        return int(n)
+
+    blobs = [take(count()) for _ in range(count())]
+    table: dict[str, Kept] = {}
+    for _ in range(count()):
+        name = take(count()).decode()
+        cert, key, ca, leaf = _ENTRY.unpack(take(_ENTRY.size))
+        if cert < 0 or max(cert, key, ca, leaf) >= len(blobs):
+            raise ValueError(f"identity {name!r} kept with contents the table does not hold")
+        parts = (blobs[cert], None if key < 0 else blobs[key], None if ca < 0 else blobs[ca])
+        table[name] = (parts, None if leaf < 0 else _leaf_from(blobs[leaf]))
+    return table
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Where a region's table keeps each content (offsets into the shared mapping) and which contents each
+    identity has: a process serving thousands of identities copies out the few it reads, not the table."""
+
+    starts: array[int]
+    lengths: array[int]
+    entries: dict[str, tuple[int, int, int, int]]  # indices of cert, key, CA and leaf among the contents (-1: none)
+
+    @classmethod
+    def of(cls, payload: memoryview, start: int) -> _Index:
+        """The index of ``payload`` (an :func:`encode` table found at offset ``start`` of the mapping).
+
+        Raises:
+            ValueError: ``payload`` is not a table :func:`encode` wrote.
+        """
+        at = 0
+
+        def count() -> int:
+            nonlocal at
+            if at + _COUNT.size > len(payload):
+                raise ValueError("truncated table")
+            (n,) = _COUNT.unpack_from(payload, at)
+            at += _COUNT.size
+            return int(n)
+
+        starts, lengths = array("Q"), array("Q")
+        for _ in range(count()):
+            length = count()
+            if at + length > len(payload):
+                raise ValueError("truncated table")
+            starts.append(start + at)
+            lengths.append(length)
+            at += length
+        entries: dict[str, tuple[int, int, int, int]] = {}
+        for _ in range(count()):
+            size = count()
+            if at + size + _ENTRY.size > len(payload):
+                raise ValueError("truncated table")
+            name = bytes(payload[at : at + size]).decode()
+            cert, key, ca, leaf = _ENTRY.unpack_from(payload, at + size)
+            at += size + _ENTRY.size
+            if cert < 0 or max(cert, key, ca, leaf) >= len(starts):
+                raise ValueError(f"identity {name!r} kept with contents the table does not hold")
+            entries[name] = (cert, key, ca, leaf)
+        return cls(starts, lengths, entries)
+
+    def contents(self, mapping: mmap.mmap, name: str) -> Kept | None:
+        """What is kept for ``name``, copied out of ``mapping`` (``None``: nothing)."""
+        entry = self.entries.get(name)
+        if entry is None:
+            return None
+        cert, key, ca, leaf = (
+            None if i < 0 else mapping[self.starts[i] : self.starts[i] + self.lengths[i]] for i in entry
+        )
+        assert cert is not None  # checked when indexed
+        try:
+            judged = None if leaf is None else _leaf_from(leaf)
+        except ValueError:  # a leaf this version does not read: kept without it
+            judged = None
+        return (cert, key, ca), judged

@@ -82,7 +82,7 @@ def wanted(setting: bool | None = None) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{METRICS_ENV} must be 1, 0 (true/false, yes/no, on/off) or {PER_IDENTITY}, got {value!r}")
+    raise ValueError(f"{METRICS_ENV} must be 1 or 0 (true/false, yes/no, on/off), or {PER_IDENTITY}, got {value!r}")
 
 
 def per_identity() -> bool:

@@ -15,15 +15,10 @@ each is kept under its name in the default reloader's :mod:`~tlsreload_plugins.l
 no failed handshake during its rotation, no effect on the others. Their names (stable labels in
 logs, :meth:`SNIIdentities.status` and metrics) are the names of their directories.
 
-Which identity answers a handshake: the one whose served certificate lists the server name among
-its DNS SANs (compared in lower case, internationalized names in their A-label ``xn--`` form, as
-they appear in certificates and as Python's ``ssl`` hands them over). An exact name beats a
-wildcard; a wildcard ``*.example.com`` covers one label (``a.example.com``, not ``example.com``
-nor ``a.b.example.com``). A handshake without a server name, or with one no identity lists,
-gets the default identity. When two identities list the same name, the first wins: directories
-in the order configured, subdirectories in sorted order (a WARNING names both, once). The
-lookup is two dictionary reads, whatever the number of identities. Finding the identities in
-the directories is :mod:`tlsreload_plugins.sni_discovery`'s.
+Which identity answers a handshake (the one whose served certificate lists the server name, an exact
+name before a wildcard; two dictionary reads, whatever the number of identities) is
+:mod:`tlsreload_plugins.sni_table`'s; finding the identities in the directories is
+:mod:`tlsreload_plugins.sni_discovery`'s.
 
 On every check of the default reloader (its driver's tick), the identities whose directories the
 kernel saw change are checked as the default's files are, and a slice of the others
@@ -43,7 +38,6 @@ Example (a server of your own; the adapters do this for you)::
 from __future__ import annotations
 
 import functools
-import ipaddress
 import logging
 import os
 import ssl
@@ -66,6 +60,8 @@ from .sni_discovery import _discover as _discover
 from .sni_discovery import every_identity as every_identity
 from .sni_discovery import identity_files as identity_files
 from .sni_summary import Summary, summarize
+from .sni_table import host_names as host_names
+from .sni_table import lookup, routing_table
 from .sni_watch import ChangeTracker
 
 __all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
@@ -73,30 +69,6 @@ __all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reload
 log = logging.getLogger("tlsreload_plugins.sni")
 
 _attached: weakref.WeakKeyDictionary[Reloader, SNIIdentities] = weakref.WeakKeyDictionary()
-
-
-def host_names(sans: Iterable[str]) -> list[str]:
-    """The names among a certificate's SANs a server name can match: DNS names and one-label
-    wildcards, lower case, A-labels; IP addresses, URIs and e-mail addresses are left out."""
-    names = []
-    for san in sans:
-        name = san.strip().lower().rstrip(".")
-        if not name or any(c in name for c in ":/@ "):
-            continue
-        try:
-            ipaddress.ip_address(name)
-            continue
-        except ValueError:
-            pass
-        if not name.isascii():  # a U-label where an A-label belongs: use the A-label
-            try:
-                name = name.encode("idna").decode("ascii")
-            except UnicodeError:
-                continue
-        if "*" in name and not (name.startswith("*.") and "*" not in name[2:] and "." in name[2:]):
-            continue  # partial or deep wildcards: not served
-        names.append(name)
-    return names
 
 
 class SNIIdentities:
@@ -203,16 +175,7 @@ class SNIIdentities:
 
     def reloader_for(self, server_name: str | None) -> Reloader | None:
         """The :class:`~tlsreload_plugins.Reloader` of the identity serving ``server_name``, or ``None``."""
-        if not server_name:
-            return None
-        table = self._table
-        name = server_name.lower()
-        reloader = table.get(name)
-        if reloader is None:
-            dot = name.find(".")
-            if dot > 0:
-                reloader = table.get("*" + name[dot:])
-        return reloader
+        return lookup(self._table, server_name)
 
     # -- reading state -------------------------------------------------------------------------
 
@@ -400,20 +363,8 @@ class SNIIdentities:
         return reloader
 
     def _rebuild(self) -> None:
-        table: dict[str, Reloader] = {}
-        owner: dict[str, str] = {}
-        for name, reloader in self._identities.items():
-            for host in host_names(reloader.leaf.sans):
-                first = owner.get(host)
-                if first is None:
-                    owner[host] = name
-                    table[host] = reloader
-                elif first != name and (host, first, name) not in self._conflicts_logged:
-                    self._conflicts_logged.add((host, first, name))
-                    log.warning(
-                        "SNI name %s is claimed by identities %s and %s: %s serves it", host, first, name, first
-                    )
-        self._table = table  # one reference swap: a handshake sees the old table or the new one
+        # One reference swap: a handshake sees the old table or the new one.
+        self._table = routing_table(self._identities, self._conflicts_logged)
 
 
 def for_reloader(default: Reloader) -> SNIIdentities | None:

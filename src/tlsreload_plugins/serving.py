@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 from . import metrics, sni
 from .drivers import ThreadDriver
 from .identity import Password, ReloadError, TLSFiles
-from .lastgood import LastGood, RecipeFor, SharedStore, keep_newest_valid
+from .lastgood import LastGood, RecipeFor, SharedStore, keep_all_valid, keep_newest_valid
 from .reloader import INTERVAL_ENV, Recipe, Reloader, load_identity, resolve_expiry_warning_days, resolve_interval
 
 if TYPE_CHECKING:  # a drop-in command's: its workers, which import this module too, have no use for it
@@ -194,9 +194,13 @@ def wait_until_usable(
         return result
 
 
-def check_at_start(files: TLSFiles, recipe: Recipe, password: Password, settings: Settings, store: SharedStore) -> None:
+def check_at_start(
+    files: TLSFiles, recipe: Recipe, password: Password, settings: Settings, store: SharedStore, *, forks: bool = False
+) -> None:
     """Decide, as the first reload would, whether ``files`` and ``settings`` can serve; keep the identity in
-    ``store`` for the workers. For a server's parent, before it binds or starts workers.
+    ``store`` for the workers. For a server's parent, before it binds or starts workers. ``forks``: the parent
+    forks its workers (and runs no thread to keep the store current): validate every SNI identity here too,
+    once, so that no worker parses them all again (:func:`~tlsreload_plugins.lastgood.keep_all_valid`).
 
     Raises:
         CannotServe: a setting or the files are not usable (after :data:`BOOT_ATTEMPTS` reads).
@@ -207,6 +211,9 @@ def check_at_start(files: TLSFiles, recipe: Recipe, password: Password, settings
     except (ReloadError, ValueError) as e:  # ValueError: a bad setting
         raise CannotServe(f"cannot serve TLS: {e}") from e
     store.write(snapshot, leaf=leaf)
+    directories = sni.resolve_directories(settings.sni)
+    if forks and directories:
+        keep_all_valid(sni.discover(directories, files.ca_certs), password, store)
 
 
 def start_reloader(

@@ -229,7 +229,7 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
             )
         _prepare_worker_class(cfg)
         _last_good = _last_good or SharedStore()
-        check_at_start(_files(cfg), _gunicorn_recipe(cfg), resolve_password(None), settings, _last_good)
+        check_at_start(_files(cfg), _gunicorn_recipe(cfg), resolve_password(None), settings, _last_good, forks=True)
     except (CannotServe, ValueError) as e:
         log.error("%s", e if isinstance(e, CannotServe) else f"cannot serve TLS: {e}")
         arbiter.halt(reason="the TLS certificate files or settings are not usable", exit_status=STARTUP_FAILURE)

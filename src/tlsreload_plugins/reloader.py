@@ -16,14 +16,11 @@ that moment).
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 import time
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.reloader import X` works.
 from .examine import FIXED_SETTINGS as FIXED_SETTINGS
@@ -45,11 +42,19 @@ from .identity import (
     read_files,
     validate,
 )
-from .lastgood import LastGood, RecipeFor, bytes_served, context_from
+from .lastgood import LastGood, RecipeFor
 from .outcome import Outcome as Outcome
 from .outcome import Settling as Settling
 from .outcome import Status as Status
 from .outcome import warn_expiry
+from .served import Offload as Offload
+from .served import Route as Route
+from .served import Served
+from .served import SNICallback as SNICallback
+from .served import T as T
+from .served import _after_fork_in_child as _after_fork_in_child
+from .served import _OnDemand as _OnDemand
+from .served import _reloaders as _reloaders
 from .settings import DEFAULT_EXPIRY_WARNING_DAYS as DEFAULT_EXPIRY_WARNING_DAYS
 from .settings import DEFAULT_INTERVAL as DEFAULT_INTERVAL
 from .settings import EXPIRY_WARNING_ENV as EXPIRY_WARNING_ENV
@@ -63,43 +68,8 @@ from .settings import resolve_password as resolve_password
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
-SNICallback = Callable[[ssl.SSLObject, str, ssl.SSLContext], "int | None"]
-Route = Callable[["str | None"], "ssl.SSLContext | None"]
-"""Picks the context for a handshake's server name (``None``: this reloader's own); see :meth:`Reloader.set_route`."""
-T = TypeVar("T")
-Offload = Callable[[Callable[[], T]], T]
-"""Runs a blocking function elsewhere and returns its result (gevent: ``hub.threadpool.apply``)."""
 
-_reloaders: weakref.WeakSet[Reloader] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    # A lock held by another thread at fork() stays held forever in the child: give every reloader new ones.
-    for reloader in list(_reloaders):
-        reloader._lock = threading.Lock()
-        reloader._check_lock = threading.Lock()
-        demand = reloader._demand
-        if demand is not None:
-            demand.lock = threading.Lock()
-        reloader._notices = []
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@dataclass(slots=True)
-class _OnDemand:
-    """What an ``on_demand`` reloader needs to build its context when first asked."""
-
-    recipe_for: RecipeFor
-    validated: Snapshot | None = None
-    """The bytes the newest context is built from."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """One build at a time: a second handshake waits for the first's."""
-
-
-class Reloader:
+class Reloader(Served):
     """Keeps one server :class:`ssl.SSLContext` serving whatever valid identity is on disk.
 
     ``recipe`` builds a complete server context from the files, exactly the way the server
@@ -231,46 +201,6 @@ class Reloader:
         if on_check is not None:
             self._on_check.append(on_check)
 
-    # -- the swap ---------------------------------------------------------------------------
-
-    def set_route(self, route: Route | None) -> None:
-        """Consult ``route(server_name)`` first on every handshake: a context it returns serves the
-        connection instead of this reloader's newest one (``None`` to stop). It must be quick (it
-        runs inside OpenSSL's ClientHello callback) and never raise; :mod:`tlsreload_plugins.sni`
-        uses it to serve several identities by server name."""
-        self._route = route
-
-    def _on_client_hello(self, conn: ssl.SSLObject, server_name: str, live: ssl.SSLContext) -> int | None:
-        serving, user_callback = self._serving
-        newest = serving or live
-        route = self._route
-        if route is not None:
-            newest = route(server_name) or newest
-        if newest is not live:
-            try:
-                conn.context = newest
-            except Exception as e:  # an exotic socket wrapper: keep it on the old identity
-                if not self._switch_failed_logged:
-                    self._switch_failed_logged = True
-                    log.error("cannot move a connection onto the new certificate (%s): %r", type(conn).__name__, e)
-                newest, user_callback = live, None
-        if user_callback is not None:
-            return user_callback(conn, server_name, newest)
-        return None
-
-    @property
-    def _live(self) -> ssl.SSLContext | None:
-        origin = self._origin
-        return origin if isinstance(origin, ssl.SSLContext) else None
-
-    @property
-    def _demand(self) -> _OnDemand | None:
-        origin = self._origin
-        return origin if isinstance(origin, _OnDemand) else None
-
-    def _hook_in_place(self) -> bool:
-        return self._live is None or self._live.sni_callback == self._on_client_hello
-
     # -- one check --------------------------------------------------------------------------
 
     def check(self, *, settle: bool = True, offload: Offload[Examined] | None = None) -> Outcome:
@@ -341,10 +271,6 @@ class Reloader:
             log.debug("unexpected error while checking %s", self.files.describe(), exc_info=True)
             error = NotServable(f"unexpected error while checking {self.files.describe()}: {type(e).__name__}: {e}")
             return Examined(fingerprint=None, error=error)
-
-    def _in_use(self, context: ssl.SSLContext) -> bool:
-        """Whether ``context``, returned by the recipe, is one this reloader already serves."""
-        return context is self._live or context is self._serving[0] or context.sni_callback == self._on_client_hello
 
     def _judge(self, snapshot: Snapshot) -> Leaf:
         """The leaf of ``snapshot`` if it is a usable identity: the verdict another process of the server
@@ -446,103 +372,3 @@ class Reloader:
                 callback(*args)
             except Exception:
                 log.exception("tlsreload callback %r raised", callback)
-
-    # -- reading state ----------------------------------------------------------------------
-
-    @property
-    def leaf(self) -> Leaf:
-        """The certificate new handshakes get."""
-        return self._leaf
-
-    @property
-    def last_good(self) -> LastGood | None:
-        """Where this reloader keeps what it serves for the server's other processes, or ``None``."""
-        return self._last_good
-
-    @property
-    def context(self) -> ssl.SSLContext:
-        """The context to hand to the server, once, for its whole life (an ``on_demand`` reloader has
-        none of its own: its :attr:`newest_context`)."""
-        return self._live if self._live is not None else self.newest_context
-
-    @property
-    def newest_context(self) -> ssl.SSLContext:
-        """The context new handshakes are moved onto (:attr:`context` until the first reload): what a
-        dispatcher of its own hands a connection, as Go's ``GetCertificate`` would. An ``on_demand``
-        reloader builds it now when it has none (a concurrent caller waits for that build).
-
-        Raises:
-            InvalidIdentity: ``on_demand`` only: the context cannot be built from the validated bytes.
-        """
-        newest = self._serving[0]
-        return newest if newest is not None else self._build_on_demand()
-
-    def _build_on_demand(self) -> ssl.SSLContext:
-        demand = self._demand
-        if demand is None:
-            raise InvalidIdentity(f"no context was built for {self.files.describe()}")
-        with demand.lock:
-            newest = self._serving[0]
-            if newest is not None:
-                return newest
-            validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
-            if validated is None:  # the files moved on, and the store with them: judge them now
-                self.check(settle=False)
-                newest = self._serving[0]
-                if newest is not None:
-                    return newest
-                validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
-            if validated is None:
-                raise InvalidIdentity(f"the files of {self.files.describe()} changed since they were validated")
-            context = context_from(validated, demand.recipe_for)
-            with self._lock:
-                if self._fingerprint == fingerprint(validated):  # else a reload came in meanwhile: build again
-                    self._serving = (context, context.sni_callback)
-            return context
-
-    def release_context(self) -> None:
-        """Forget the context an ``on_demand`` reloader built (the next :attr:`newest_context` builds it
-        again); keeps a reloader's otherwise."""
-        if self._demand is not None:
-            with self._lock:
-                self._serving = (None, None)
-
-    def forget_bytes(self) -> None:
-        """An ``on_demand`` reloader whose ``last_good`` store keeps exactly the bytes it serves drops its own
-        copy: a build reads them from the store (or from the files, while they hold them)."""
-        demand = self._demand
-        if demand is not None and self._last_good is not None:
-            with self._lock:
-                demand.validated = None
-
-    @property
-    def validated(self) -> Snapshot | None:
-        """The bytes an ``on_demand`` reloader serves (its context is built from them); ``None`` for others."""
-        return self._demand.validated if self._demand is not None else None
-
-    @property
-    def built(self) -> bool:
-        """Whether a context is built (always, but for an ``on_demand`` reloader nobody asked yet)."""
-        return self._serving[0] is not None
-
-    def status(self) -> Status:
-        """A consistent snapshot of the counters and the served certificate; never waits for a check's I/O."""
-        with self._lock:
-            return self._status()
-
-    def _status(self) -> Status:
-        return Status(
-            files=self.files,
-            interval=self.interval,
-            leaf=self._leaf,
-            last_success=self._last_success,
-            last_reload=self._last_reload,
-            last_error=self._last_error,
-            checks=self._checks,
-            reloads=self._reloads,
-            failures=self._failures,
-        )
-
-    def describe(self) -> str:
-        """One line for the start-up log: what is watched, how often, what is served."""
-        return f"watching {self.files.describe()} every {self.interval:g}s; serving {self._leaf.describe()}"

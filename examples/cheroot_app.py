@@ -82,7 +82,7 @@ def serve_cherrypy(options: argparse.Namespace) -> None:
             "server.ssl_certificate_chain": options.ca_certs,
         }
     )
-    cherrypy.engine.signals.subscribe()  # SIGTERM and SIGINT stop the engine, SIGHUP restarts it
+    cherrypy.engine.signals.subscribe()  # SIGTERM and SIGINT (KeyboardInterrupt in block()) stop the engine
     cherrypy.engine.start()
     cherrypy.engine.block()
 

@@ -59,7 +59,7 @@ SANIC_SHUTDOWN_RACE = "object is not a mapping"
 """What Sanic's main process prints when its own SIGTERM handler races its monitor loop: the handler updates the
 workers' states (a multiprocessing Manager dict) on the connection the interrupted main thread was using, and reads
 the answer to another call (``TypeError: 'NoneType' object is not a mapping`` in ``WorkerProcess.set_state``, exit
-status 1). Stock Sanic 25.12 does the same, without tlsreload (measured: 1 of 11 runs stopped 0 to 3 s after
+status 1). Stock Sanic 25.12 does the same, without tlsreload (measured: 2 of 25 runs stopped 0 to 3 s after
 ``app.m.restart()``; docs/sanic.md)."""
 
 
@@ -135,16 +135,15 @@ def test_a_worker_sanic_restarts_on_bad_files_serves_the_last_good(ca: trustme.C
         wait_until(lambda: len(lines_with(server.output(), FAILED)) >= WORKERS, DEADLINE, what="the reports")
 
         restarted = ask_restart(port, ctx)
-        newcomers: set[int] = set()
+        served: list[str] = []
 
         def a_new_worker_answers() -> bool:
             serial, pid = fetch(port, ctx)
-            assert serial == first.serial, "a worker served something other than the last good certificate"
-            if pid not in pids:
-                newcomers.add(pid)
-            return bool(newcomers)
+            served.append(serial)
+            return pid not in pids
 
         wait_until(a_new_worker_answers, DEADLINE, what="the restarted worker answering")
+        assert set(served) == {first.serial}, served  # the new worker too: the last good certificate
         assert lines_with(server.output(), LAST_GOOD), server.output()
         assert restarted in pids
 
@@ -165,24 +164,24 @@ def test_several_certificates_reload_each_on_its_own(ca: trustme.CA, tmp_path: P
     args += ["--certfile", str(layouts["b.test"].cert_path), "--keyfile", str(layouts["b.test"].key_path)]
     ctx = client_context(ca)
 
-    def serials() -> dict[str, str]:
-        return {name: get(port, ctx, server_name=name)[0] for name in layouts}
+    def every_worker_serves(expected: dict[str, str]) -> bool:  # six in a row: either worker may answer
+        return all({name: get(port, ctx, server_name=name)[0] for name in expected} == expected for _ in range(6))
 
     with start(args, tmp_path, port) as server:
-        wait_until(lambda: serials() == {n: p.serial for n, p in pairs.items()}, DEADLINE, what="both served")
+        expected = {name: pair.serial for name, pair in pairs.items()}
+        wait_until(lambda: every_worker_serves(expected), DEADLINE, what="both served")
         renewed = issue(ca, "a.test")
         layouts["a.test"].install(renewed)
         expected = {"a.test": renewed.serial, "b.test": pairs["b.test"].serial}
-        wait_until(lambda: all(serials() == expected for _ in range(3)), DEADLINE, what="a.test renewed alone")
+        wait_until(lambda: every_worker_serves(expected), DEADLINE, what="a.test renewed alone")
 
         layouts["b.test"].write_raw(issue(ca, "b.test").chain, pairs["a.test"].key)  # b.test's files broken
         wait_until(lambda: len(lines_with(server.output(), FAILED)) >= WORKERS, DEADLINE, what="the reports")
-        assert all(serials() == expected for _ in range(3))
+        assert every_worker_serves(expected)
         assert all(str(layouts["b.test"].cert_path) in line for line in lines_with(server.output(), FAILED))
 
         renamed = issue(ca, "b.test", "c.test")  # a new name too: Sanic's names come from each new certificate
         layouts["b.test"].install(renamed)
-        expected = {"a.test": renewed.serial, "b.test": renamed.serial}
-        wait_until(lambda: all(serials() == expected for _ in range(3)), DEADLINE, what="b.test renewed")
-        assert get(port, ctx, server_name="c.test")[0] == renamed.serial
+        expected = {"a.test": renewed.serial, "b.test": renamed.serial, "c.test": renamed.serial}
+        wait_until(lambda: every_worker_serves(expected), DEADLINE, what="b.test renewed, with its new name")
         stop_sanic(server, stock=STOCK_SELECTOR_WARNING)

@@ -1,12 +1,11 @@
 """Reload TLS certificates inside Sanic: its worker manager, its command line, its several certificates.
 
 One line where the app is made (each worker imports that module too): ``reload_certificates(app)``; then Sanic as
-usual (``app.run(ssl=..., workers=N)``, ``sanic app:app --cert C --key K``, ``--tls DIR``). Sanic builds its context
-in each worker through the app's ``certloader_class``: :class:`ReloadingCertLoader` builds it with Sanic's own
-``CertSimple`` (ciphers, ALPN, TLS 1.2 floor, names read from the certificate) and checks the files in a thread.
-
-Workers Sanic starts or restarts (``app.m.restart()``, its inspector, auto-reload) keep the last good certificate:
-before Sanic starts them (``main_process_start``), the main process checks each certificate and keeps it in a
+usual (``app.run(ssl=..., workers=N)``, ``sanic app:app --cert C --key K``, ``--tls DIR``). Each worker builds its
+context through the app's ``certloader_class``: :class:`ReloadingCertLoader` uses Sanic's own ``CertSimple``
+(ciphers, ALPN, TLS 1.2 floor, names read from the certificate) and checks the files in a thread. Workers Sanic
+starts or restarts (``app.m.restart()``, its inspector, auto-reload) keep the last good certificate: before they
+start (``main_process_start``) the main process checks each certificate and keeps it in a
 :class:`~tlsreload_plugins.lastgood.SharedStore` that reaches every worker through ``app.shared_ctx``. Several
 certificates (a list) are each reloaded on their own, Sanic's ``CertSelector`` picking the newest context of each
 by server name (stock Sanic cannot pickle its selector for its workers: they get the list of settings instead).
@@ -123,8 +122,11 @@ def _before_workers(app: Sanic[Any, Any]) -> None:
     """In Sanic's main process, before its workers start: check each certificate, keep it for the workers, and
     hand them its settings (and the stores, with ``app.shared_ctx``) in a form that pickles."""
     _route_logs()
-    try:
+    try:  # Sanic's internal: it passes these settings to each worker it starts
         server: dict[str, Any] = app.state.server_info[0].settings
+    except (AttributeError, IndexError) as e:
+        _startup_failure(f"tlsreload cannot find the settings this Sanic hands its workers (state.server_info): {e!r}")
+    try:
         found = _identities(server.get("ssl"))
         if found is None:
             log.warning("no certificate given to Sanic: serving without TLS, nothing to reload")

@@ -132,7 +132,7 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
             )
         except CannotServe as e:
             log.error("%s", e)
-            raise
+            raise CannotServe(str(e)) from None  # the sentence says it all: a report of a failed start stays short
         self._context: ssl.SSLContext = self.reloader.context
         self._driver = ThreadDriver(self.reloader).start()
         _reloaders.append(self.reloader)

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import subprocess
 import sys
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -45,28 +42,11 @@ def command(server: str, plugin: bool, certfile: Path, keyfile: Path, port: int)
     return [sys.executable, script, server, "plugin" if plugin else "stock", *files, "--port", str(port)]
 
 
-@contextlib.contextmanager
-def running(server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path) -> Iterator[kit.Server]:
-    """Start, wait until it answers over TLS (and says whether the plugin is loaded), yield, always stop the
-    whole process group."""
-    port = kit.free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log_path = log_dir / f"{server}-{'plugin' if plugin else 'stock'}-{port}.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            command(server, plugin, certfile, keyfile, port),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=log_dir,
-            start_new_session=True,
-        )
-    handle = kit.Server(server, plugin, port, proc, log_path)
-    try:
-        kit.wait_ready(handle, 60.0)
-        yield handle
-    finally:
-        kit.stop_process_group(proc)
+def running(
+    server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path
+) -> contextlib.AbstractContextManager[kit.Server]:
+    """:func:`benchkit.running_command` for aiohttp, websockets and Tornado."""
+    return kit.running_command(server, plugin, log_dir, lambda port: command(server, plugin, certfile, keyfile, port))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -246,6 +246,33 @@ def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> 
 
 
 @contextlib.contextmanager
+def running_command(
+    server: str,
+    plugin: bool,
+    log_dir: Path,
+    command: Callable[[int], list[str]],
+    extra_env: Mapping[str, str] | None = None,
+) -> Iterator[Server]:
+    """:func:`running_server` for a server this module does not know: ``command(port)`` is its command line.
+    Start it, wait until it answers over TLS (and says whether the plugin is loaded), yield it, always stop
+    the whole process group."""
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
+    log_path = log_dir / f"{server}-{'plugin' if plugin else 'stock'}-{port}.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            command(port), stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=log_dir, start_new_session=True
+        )
+    handle = Server(server, plugin, port, proc, log_path)
+    try:
+        wait_ready(handle, 60.0)
+        yield handle
+    finally:
+        stop_process_group(proc)
+
+
+@contextlib.contextmanager
 def running_server(
     server: str,
     plugin: bool,

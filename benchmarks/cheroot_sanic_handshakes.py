@@ -28,12 +28,9 @@ This file is also the servers it measures (it imports nothing of tlsreload_plugi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,33 +105,14 @@ def serve(argv: list[str]) -> None:
 # --- the measurement ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def running(server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path) -> Iterator[Any]:
-    """Start, wait until it answers over TLS (and says whether the plugin is loaded), yield, stop the group."""
+def running(server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path) -> Any:
+    """:func:`benchkit.running_command` for cheroot and Sanic (this script serves them: ``serve``)."""
     import benchkit as kit
 
-    port = kit.free_port()
     side = "plugin" if plugin else "stock"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(kit.BENCH_DIR)}
-    if server == "sanic":
-        env[SANIC_SIDE] = side
     args = [sys.executable, __file__, "serve", server, side, "--certfile", str(certfile), "--keyfile", str(keyfile)]
-    log_path = log_dir / f"{server}-{side}-{port}.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            [*args, "--port", str(port)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=log_dir,
-            start_new_session=True,
-        )
-    handle = kit.Server(server, plugin, port, proc, log_path)
-    try:
-        kit.wait_ready(handle, 60.0)
-        yield handle
-    finally:
-        kit.stop_process_group(proc)
+    extra_env = {SANIC_SIDE: side} if server == "sanic" else {}
+    return kit.running_command(server, plugin, log_dir, lambda port: [*args, "--port", str(port)], extra_env)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import subprocess
 import sys
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -43,28 +40,13 @@ def hypercorn_command(server: str, plugin: bool, certfile: Path, keyfile: Path, 
     return [*cmd, "--bind", f"{kit.HOST}:{port}", "--worker-class", server.removeprefix("hypercorn-")]
 
 
-@contextlib.contextmanager
-def running_hypercorn(server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path) -> Iterator[kit.Server]:
-    """:func:`benchkit.running_server` for hypercorn: start, wait until it answers over TLS (and says
-    whether the plugin is loaded), yield, always stop the whole process group."""
-    port = kit.free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log_path = log_dir / f"{server}-{'plugin' if plugin else 'stock'}-{port}.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            hypercorn_command(server, plugin, certfile, keyfile, port),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=log_dir,
-            start_new_session=True,
-        )
-    handle = kit.Server(server, plugin, port, proc, log_path)
-    try:
-        kit.wait_ready(handle, 60.0)
-        yield handle
-    finally:
-        kit.stop_process_group(proc)
+def running_hypercorn(
+    server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path
+) -> contextlib.AbstractContextManager[kit.Server]:
+    """:func:`benchkit.running_command` for hypercorn."""
+    return kit.running_command(
+        server, plugin, log_dir, lambda port: hypercorn_command(server, plugin, certfile, keyfile, port)
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import subprocess
 import sys
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -53,29 +50,13 @@ def twisted_command(server: str, plugin: bool, certfile: Path, keyfile: Path, po
     return [TWISTD, "-n", "--pidfile=", "web", "--listen", endpoint, "--wsgi", "tlsbench_apps.wsgi"]
 
 
-@contextlib.contextmanager
-def running_twisted(server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path) -> Iterator[kit.Server]:
-    """:func:`benchkit.running_server` for daphne and twistd: start, wait until it answers over TLS (and says
-    whether the plugin is loaded), yield, always stop the whole process group."""
-    port = kit.free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(kit.BENCH_DIR), env.get("PYTHONPATH", "")) if p)
-    log_path = log_dir / f"{server}-{'plugin' if plugin else 'stock'}-{port}.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            twisted_command(server, plugin, certfile, keyfile, port),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=log_dir,
-            start_new_session=True,
-        )
-    handle = kit.Server(server, plugin, port, proc, log_path)
-    try:
-        kit.wait_ready(handle, 60.0)
-        yield handle
-    finally:
-        kit.stop_process_group(proc)
+def running_twisted(
+    server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path
+) -> contextlib.AbstractContextManager[kit.Server]:
+    """:func:`benchkit.running_command` for daphne and twistd."""
+    return kit.running_command(
+        server, plugin, log_dir, lambda port: twisted_command(server, plugin, certfile, keyfile, port)
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -516,9 +516,18 @@ def report(result: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", nargs="+", default=[*kit.SERVERS, "gunicorn-tornado"], choices=kit.ALL_SERVERS)
+def script_main(
+    argv: list[str] | None,
+    description: str | None,
+    servers: list[str],
+    choices: list[str] | tuple[str, ...],
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    report: Callable[[dict[str, Any]], str],
+) -> int:
+    """The command line of this script and of every script that measures other servers its way
+    (``--servers``, ``--clients-kind``, ``--rounds``, ...; ``--quick``), running ``run`` and printing ``report``."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", nargs="+", default=servers, choices=choices)
     parser.add_argument("--clients-kind", nargs="+", default=CLIENT_KINDS, choices=CLIENT_KINDS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--paired-rounds", type=int, default=15, help="windows of the paired client")
@@ -526,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=2, help="python client processes")
     parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
     return kit.run_script(parser, argv, {"rounds": 2, "paired_rounds": 2, "seconds": 1.0}, run, report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return script_main(argv, __doc__, [*kit.SERVERS, "gunicorn-tornado"], kit.ALL_SERVERS, run, report)
 
 
 if __name__ == "__main__":

@@ -77,16 +77,7 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", nargs="+", default=list(SERVERS), choices=SERVERS)
-    kinds = handshake_throughput.CLIENT_KINDS
-    parser.add_argument("--clients-kind", nargs="+", default=kinds, choices=kinds)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--paired-rounds", type=int, default=15, help="windows of the paired client")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per side per round (s_time rounds to whole s)")
-    parser.add_argument("--clients", type=int, default=2, help="python client processes")
-    parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
-    return kit.run_script(parser, argv, {"rounds": 2, "paired_rounds": 2, "seconds": 1.0}, run, report)
+    return handshake_throughput.script_main(argv, __doc__, list(SERVERS), SERVERS, run, report)
 
 
 if __name__ == "__main__":

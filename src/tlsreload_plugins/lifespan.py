@@ -1,12 +1,14 @@
-"""Check this process's reloaders for exactly as long as an ASGI app's lifespan runs.
+"""This process's reloaders, checked for exactly as long as an ASGI app's lifespan runs.
 
 A server's glue registers each reloader it makes (:func:`register`) where the server builds its
 context; nothing checks it yet. An ASGI lifespan then drives the checks:
 :class:`TLSReloadLifespan` (middleware) or :func:`reloading_certificates` (an async context manager
 for an app's own ``lifespan=``) start an :class:`~tlsreload_plugins.AsyncioDriver` for every
 registered reloader nothing checks yet, and stop them as the lifespan ends. Where no lifespan can
-(``--lifespan off``, an app without the lifespan protocol), the glue calls :func:`check_until_exit`
-and the checks run from the server's event loop until the process exits, a log line saying so.
+(the lifespan is off, an app without the lifespan protocol), the checks run from the server's event
+loop until the process exits, a log line saying so (:func:`check_until_exit`, :func:`follow_lifespan`);
+a server that needs no lifespan checks from its loop at once (:func:`check_from_loop`), and glue that
+starts its own checks registers the reloader with its driver, to be listed by :func:`reloaders`.
 
 The registry is needed because an ASGI lifespan scope carries no reference to the server or its
 configuration. Nothing here knows a server.
@@ -19,10 +21,19 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .drivers import AsyncioDriver
+from .drivers import AsyncioDriver, TrioDriver
 from .reloader import Reloader
 
-__all__ = ["TLSReloadLifespan", "check_until_exit", "register", "reloaders", "reloading_certificates", "unchecked"]
+__all__ = [
+    "TLSReloadLifespan",
+    "check_from_loop",
+    "check_until_exit",
+    "follow_lifespan",
+    "register",
+    "reloaders",
+    "reloading_certificates",
+    "unchecked",
+]
 
 log = logging.getLogger("tlsreload_plugins.lifespan")
 
@@ -34,7 +45,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _LIFESPAN_ENDS = frozenset({"lifespan.startup.failed", "lifespan.shutdown.complete", "lifespan.shutdown.failed"})
 
-_drivers: dict[Reloader, AsyncioDriver | None] = {}
+_drivers: dict[Reloader, AsyncioDriver | TrioDriver | None] = {}
 """This process's registered reloaders, each with the driver that checks it (``None`` while nothing does)."""
 
 _said_nothing_to_reload = False
@@ -48,9 +59,10 @@ route_logs: Callable[[], object] = _no_routing
 """Called before a lifespan claims the reloaders: the server's glue sets it to show our lines in its log."""
 
 
-def register(reloader: Reloader) -> None:
-    """Register ``reloader`` (made where the server builds its context) for a lifespan to check."""
-    _drivers[reloader] = None
+def register(reloader: Reloader, driver: AsyncioDriver | TrioDriver | None = None) -> None:
+    """Register ``reloader`` (made where the server builds its context) for a lifespan to check; with the
+    ``driver`` that checks it already, only to list it in :func:`reloaders`."""
+    _drivers[reloader] = driver
 
 
 def reloaders() -> list[Reloader]:
@@ -92,6 +104,70 @@ def check_until_exit(level: int, why: str) -> None:
         )
         # start() never suspends: the loop's ready queue holds this task until it has run.
         loop.create_task(driver.start())  # noqa: RUF006
+
+
+def follow_lifespan(reloader: Reloader, *, lifespan_off: bool, grace: float) -> None:
+    """Register ``reloader`` for the app's lifespan to check, and see that something checks it.
+
+    Args:
+        reloader: made where the server builds its context.
+        lifespan_off: the server runs no lifespan: from its running loop, check until the process exits
+            (a WARNING says why); made before any loop runs, nothing can (a WARNING says it is not reloaded).
+        grace: seconds after which, when no lifespan has claimed it, it is checked until exit anyway (a
+            WARNING says the app was not wrapped with :class:`TLSReloadLifespan`).
+
+    Example::
+
+        follow_lifespan(reloader, lifespan_off=config.lifespan == "off", grace=30.0)
+    """
+    import asyncio
+
+    register(reloader)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # made before the server's loop runs: only a lifespan can start the checks
+        if lifespan_off:
+            files = reloader.files.describe()
+            log.warning("lifespan is off and no event loop runs yet: %s will NOT be reloaded", files)
+        return
+    if lifespan_off:
+        check_until_exit(logging.WARNING, "lifespan is off, so checks cannot follow the app's lifespan")
+    else:
+        loop.call_later(grace, _check_if_forgotten, reloader, grace)
+
+
+def _check_if_forgotten(reloader: Reloader, grace: float) -> None:
+    if unchecked(reloader):
+        check_until_exit(
+            logging.WARNING,
+            f"no TLSReloadLifespan or reloading_certificates() started within {grace:g}s of start-up "
+            "(wrap the app to tie checks to its lifespan)",
+        )
+
+
+def check_from_loop(reloader: Reloader, who: str) -> None:
+    """Register ``reloader`` and check it from the running asyncio loop until the process exits: for a server
+    whose checks need no lifespan.
+
+    Args:
+        reloader: made where the server builds its context, in its loop.
+        who: names the server in the log line (DEBUG); outside a running loop, an ERROR line says that the
+            files will not be reloaded, and nothing checks them.
+
+    Example::
+
+        check_from_loop(reloader, "tlsreload-uvicorn")
+    """
+    import asyncio
+
+    register(reloader)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        files = reloader.files.describe()
+        log.error("%s: the TLS context was built outside the event loop: %s will NOT be reloaded", who, files)
+        return
+    check_until_exit(logging.DEBUG, who)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,138 @@
+"""A server that builds its TLS context from a configuration object (its settings as attributes): its files,
+its recipes, and its start.
+
+A recipe must build with the server's own code, so that its ciphers, ALPN, verify mode and options apply on
+every reload; aimed at other files (an SNI identity, the last good identity), it builds from a copy of the
+configuration naming them. The key password is the server's own setting, else the one of
+``$TLSRELOAD_KEY_PASSWORD_FILE``, put where the server reads its own and read again for every build (a new
+password may come with a new key). Nothing here knows a server.
+"""
+
+from __future__ import annotations
+
+import copy
+import ssl
+from collections.abc import Callable
+from typing import TypeVar
+
+from .files import Password, TLSFiles, password_text
+from .lastgood import RecipeFor, SharedStore
+from .reloader import Recipe, Reloader
+from .serving import CannotServe, Settings, Waiting, start_reloader
+from .settings import resolve_password
+from .startup import check_in_parent
+
+__all__ = ["check_config_in_parent", "config_files", "config_recipes", "start_from_config"]
+
+C = TypeVar("C")
+
+
+def config_files(config: object, names: tuple[str, str, str, str]) -> TLSFiles:
+    """The certificate, key and client-CA files ``config`` names (``names`` as for :func:`config_recipes`)."""
+    certfile, keyfile, ca_certs = (getattr(config, name) for name in names[:3])
+    return TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(ca_certs) if ca_certs else None)
+
+
+def config_recipes(
+    config: C,
+    build: Callable[[C], ssl.SSLContext],
+    *,
+    names: tuple[str, str, str, str],
+    password: Password,
+    own: Recipe | None = None,
+) -> tuple[Recipe, RecipeFor]:
+    """The recipe and the recipe aimed at other files (``recipe_for``) of a server configured by ``config``.
+
+    Args:
+        config: the server's configuration object.
+        build: the server's own code building its context from such an object.
+        names: the attributes of ``config`` naming the certificate, key and client-CA files, and the key password.
+        password: the key password (:func:`~tlsreload_plugins.settings.resolve_password` of the server's own):
+            when the server's own is unset, each build gets its text, read then.
+        own: the server's own factory for ``config`` as it is (one that reads ``config`` when called, so the
+            password is set on ``config`` itself); by default the recipe is ``build(config)``.
+
+    Returns:
+        ``(recipe, recipe_for)``, as :func:`~tlsreload_plugins.serving.start_reloader` takes them.
+
+    Example::
+
+        names = ("certfile", "keyfile", "ca_certs", "keyfile_password")
+        recipe, recipe_for = config_recipes(config, Config.create_ssl_context, names=names, password=password)
+    """
+    *files_names, password_name = names
+    from_file = getattr(config, password_name) is None and password is not None
+
+    def configured(files: TLSFiles | None) -> C:
+        aimed = config if files is None and not from_file else copy.copy(config)
+        if files is not None:
+            for name, path in zip(files_names, (files.certfile, files.keyfile, files.ca_certs), strict=True):
+                setattr(aimed, name, path)
+        if from_file:
+            setattr(aimed, password_name, password_text(password))
+        return aimed
+
+    def recipe() -> ssl.SSLContext:
+        if own is None:
+            return build(configured(None))
+        if from_file:  # the server's own factory reads the password from its configuration
+            setattr(config, password_name, password_text(password))
+        return own()
+
+    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
+        return build(configured(files))
+
+    return recipe, recipe_for
+
+
+def start_from_config(
+    config: C,
+    build: Callable[[C], ssl.SSLContext],
+    *,
+    names: tuple[str, str, str, str],
+    settings: Settings,
+    own: Recipe | None = None,
+    store: SharedStore | None = None,
+    waiting: Waiting | None = None,
+) -> Reloader:
+    """:func:`~tlsreload_plugins.serving.start_reloader` for the files ``config`` names, with its recipes and
+    key password (arguments as for :func:`config_recipes` and ``start_reloader``).
+
+    Raises:
+        CannotServe: ``config`` names no certificate file; nothing can be served and this process may not wait
+            (or a setting is bad).
+
+    Example::
+
+        reloader = start_from_config(config, Config.create_ssl_context, names=names, settings=Settings())
+    """
+    if not getattr(config, names[0]):
+        raise CannotServe(f"tlsreload needs {names[0]} (and usually {names[1]}) set on the {type(config).__name__}")
+    password = resolve_password(getattr(config, names[3]))
+    recipe, recipe_for = config_recipes(config, build, names=names, password=password, own=own)
+    files = config_files(config, names)
+    return start_reloader(files, recipe, recipe_for, password=password, settings=settings, store=store, waiting=waiting)
+
+
+def check_config_in_parent(
+    config: C,
+    build: Callable[[C], ssl.SSLContext],
+    *,
+    names: tuple[str, str, str, str],
+    settings: Settings,
+    store: SharedStore,
+    spawns: bool,
+) -> None:
+    """:func:`~tlsreload_plugins.startup.check_in_parent` for the files ``config`` names, with its recipe and key
+    password (arguments as for :func:`config_recipes` and ``check_in_parent``).
+
+    Raises:
+        CannotServe: a setting or the files are not usable.
+
+    Example::
+
+        check_config_in_parent(config, build, names=names, settings=settings, store=SharedStore(), spawns=True)
+    """
+    password = resolve_password(getattr(config, names[3]))
+    recipe, _ = config_recipes(config, build, names=names, password=password)
+    check_in_parent(config_files(config, names), recipe, password, settings, store, spawns=spawns)

@@ -9,14 +9,10 @@ then apply over it as usual. The files are checked every ``$TLSRELOAD_INTERVAL``
 (default 1). See :mod:`tlsreload_plugins.servers.gunicorn`.
 """
 
-import importlib
-import importlib.machinery
-import importlib.util
-import os
 import sys
-import traceback
 from typing import Any
 
+from tlsreload_plugins.hooks import before
 from tlsreload_plugins.servers import gunicorn as _glue
 
 
@@ -28,65 +24,40 @@ def _replaced_config() -> "str | None":
     from gunicorn.config import get_default_config_file  # type: ignore[import-untyped]  # optional dependency
 
     command_line, environment = _glue.config_locations()
-    if command_line == _glue.DROP_IN:
-        return environment if environment not in (None, _glue.DROP_IN) else get_default_config_file()
-    if command_line is None and environment == _glue.DROP_IN:
-        path: str | None = get_default_config_file()
-        return path
-    return None
-
-
-def _read_config(location: str) -> "dict[str, Any]":
-    """A configuration's names, read as gunicorn reads them (gunicorn/app/base.py): ``python:MODULE`` is
-    imported; a file is executed as the module ``__config__``, and an error in it is reported as gunicorn
-    reports it (``Failed to read config file: ...`` and the traceback, exit 1)."""
-    if location.startswith("python:"):
-        return dict(vars(importlib.import_module(location[len("python:") :])))
-    filename = location[len("file:") :] if location.startswith("file:") else location
-    if not os.path.exists(filename):
-        raise RuntimeError(f"{filename!r} doesn't exist")
-    try:
-        loader = importlib.machinery.SourceFileLoader("__config__", filename)
-        spec = importlib.util.spec_from_file_location("__config__", filename, loader=loader)
-        assert spec is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["__config__"] = module
-        loader.exec_module(module)
-    except Exception:
-        print(f"Failed to read config file: {filename}", file=sys.stderr)
-        traceback.print_exc()
-        sys.stderr.flush()
-        sys.exit(1)
-    return dict(vars(module))
+    if (command_line or environment) != _glue.DROP_IN:
+        return None
+    if command_line and environment not in (None, _glue.DROP_IN):
+        return environment
+    path: str | None = get_default_config_file()
+    return path
 
 
 def _drop_in_settings() -> "dict[str, Any]":
     """The settings of the configuration gunicorn would have read without the drop-in, reloading added to
     its hooks. gunicorn applies ``$GUNICORN_CMD_ARGS`` and the command line over them, as it always does."""
+    from gunicorn.app.base import Application  # type: ignore[import-untyped]
     from gunicorn.config import KNOWN_SETTINGS
 
-    names = {setting.name for setting in KNOWN_SETTINGS}
+    # Read by gunicorn's own code: python:MODULE imported, a file run as the module __config__ (an error in it
+    # reported as gunicorn reports it: "Failed to read config file: ..." and the traceback, exit 1).
     location = _replaced_config()
-    read = {} if location is None else _read_config(location)
-    settings = {k: v for k, v in read.items() if k in names}
+    read: dict[str, Any] = {}
+    if location is not None and location.startswith("python:"):
+        read = dict(Application.get_config_from_module_name(None, location[len("python:") :]))
+    elif location is not None:
+        read = dict(Application.get_config_from_filename(None, location.removeprefix("file:")))
+    names = {setting.name for setting in KNOWN_SETTINGS}
+    settings = {name: value for name, value in read.items() if name in names}
     _glue.chained_config = location
     _glue.add_reload(settings, sni=read.get("tls_sni"), metrics=read.get("tls_metrics"))
-    on_starting, on_reload = settings.get("on_starting"), settings.get("on_reload")
 
     # gunicorn reads a configuration *file* again on HUP but imports a python: module once. Forgetting the
     # drop-in once it has been read makes the next HUP read it, and the user's file, again.
-    def forget_drop_in_on_starting(server: Any) -> None:
+    def forget_drop_in(server: Any) -> None:
         sys.modules.pop(__name__, None)
-        if on_starting is not None:
-            on_starting(server)
 
-    def forget_drop_in_on_reload(server: Any) -> None:
-        sys.modules.pop(__name__, None)
-        if on_reload is not None:
-            on_reload(server)
-
-    settings["on_starting"] = forget_drop_in_on_starting
-    settings["on_reload"] = forget_drop_in_on_reload
+    for hook in ("on_starting", "on_reload"):
+        settings[hook] = before(forget_drop_in, settings.get(hook))
     return settings
 
 

@@ -1,39 +1,38 @@
 """gunicorn glue: reload the TLS certificate inside every worker, whatever the worker class.
 
-``gunicorn -c python:tlsreload_plugins.gunicorn_conf ...`` (the drop-in, :mod:`tlsreload_plugins.gunicorn_conf`),
-or ``add_reload(globals())`` at the end of your own ``gunicorn.conf.py``: it wraps the ``ssl_context``,
-``on_starting``, ``post_worker_init`` and ``worker_exit`` hooks; yours still run. Configuration: gunicorn's
-``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni`` and ``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``.
-
-Where the context is built: your ``ssl_context`` hook applied to gunicorn's default factory is the recipe;
-the hook then returns the worker's one reloading context (``sync`` and ``gthread`` call it per connection,
-the others once). ``uvicorn_worker.UvicornWorker`` never calls the hook: its ``CONFIG_KWARGS`` get a factory
-(see :mod:`tlsreload_plugins.servers.uvicorn_worker`). Worker lifecycle: forked. ``on_starting`` checks the files
-in the arbiter before it binds, into the last good store every worker shares; each worker makes its reloader
-in ``post_worker_init`` (after gevent's patching) with a :class:`~tlsreload_plugins.ThreadDriver`, and stops
-it in ``worker_exit``. See docs/gunicorn.md.
+How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``add_reload(globals())``
+at the end of your own ``gunicorn.conf.py``, which wraps its ``ssl_context``, ``on_starting``, ``post_worker_init``
+and ``worker_exit`` hooks (yours still run); gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``; ``tls_sni``,
+``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``. Where the context is built: your ``ssl_context`` hook on
+gunicorn's default factory is the recipe; the hook then returns the worker's one reloading context (``sync`` and
+``gthread`` call it per connection, the others once). ``uvicorn_worker.UvicornWorker`` never calls the hook: its
+``CONFIG_KWARGS`` get a factory (see :mod:`tlsreload_plugins.servers.uvicorn_worker`). Worker lifecycle: forked.
+``on_starting`` checks the files in the arbiter before it binds, into the last good store every worker shares;
+each worker makes its reloader in ``post_worker_init`` (after gevent's patching) and stops it in ``worker_exit``.
+See docs/gunicorn.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib
-import inspect
 import logging
 import os
 import shlex
 import ssl
 import sys
-import threading
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from .. import logs
+from ..contexts import server_context
+from ..forked import glue_for, serve_in_worker
+from ..forked import reloaders_here as reloaders
+from ..hooks import Aside, after, before, made_by, option_value
 from ..identity import Password, TLSFiles
 from ..lastgood import RecipeFor, SharedStore
 from ..reloader import Recipe, Reloader, resolve_password
-from ..serving import CannotServe, Settings, Waiting, check_at_start, run_here, running_here, start_reloader, stop_here
+from ..serving import CannotServe, Settings, check_at_start, running_here, stop_here
 
 __all__ = ["add_reload", "reload_hooks", "reloaders", "worker_reloader"]
 
@@ -46,12 +45,14 @@ for a configuration error)."""
 DROP_IN = "python:tlsreload_plugins.gunicorn_conf"
 """The drop-in configuration, as given to ``-c``."""
 
+OTHER_SERVERS_WORKERS = {"uvicorn_worker": "uvicorn_worker", "uvicorn": "uvicorn_worker", "aiohttp": "aiohttp"}
+"""Worker classes another server ships, by its top-level package: the glue that knows how they build their
+context (its ``prepare_gunicorn_worker_class`` configures the class, or refuses it with one line)."""
+
 SSLContextHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
-ServerHook = Callable[[Any], object]
-WorkerExitHook = Callable[[Any, Any], object]
+Hook = Callable[..., object]
 
-
-_building = threading.local()
+_building = Aside()
 """Set while a reload calls gunicorn's factory, so that our own hook hands it the user's context."""
 
 _last_good: SharedStore | None = None
@@ -69,27 +70,13 @@ def worker_reloader() -> Reloader | None:
     return running_here()
 
 
-def reloaders() -> list[Reloader]:
-    """The reloaders of this process, as the other servers' glue says it: the worker's one, or none."""
-    reloader = worker_reloader()
-    return [] if reloader is None else [reloader]
-
-
-def _gunicorn_default_ssl_context(conf: Any, default_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-    return default_factory()  # gunicorn's own default ssl_context hook
-
-
-def _is_ours(hook: object) -> bool:
-    return getattr(hook, "__qualname__", "").startswith(f"{reload_hooks.__name__}.")
-
-
 def reload_hooks(
     ssl_context: SSLContextHook | None = None,
-    post_worker_init: ServerHook | None = None,
-    worker_exit: WorkerExitHook | None = None,
-    when_ready: ServerHook | None = None,
+    post_worker_init: Hook | None = None,
+    worker_exit: Hook | None = None,
+    when_ready: Hook | None = None,
     *,
-    on_starting: ServerHook | None = None,
+    on_starting: Hook | None = None,
     interval: float | None = None,
     sni: Sequence[str] | str | None = None,
     metrics: bool | None = None,
@@ -106,45 +93,27 @@ def reload_hooks(
     Returns:
         The hooks by name, for a configuration module's namespace.
     """
-    user_ssl_context = ssl_context or _gunicorn_default_ssl_context
+    user_ssl_context = ssl_context or (lambda conf, factory: factory())  # gunicorn's own default hook
     settings = Settings(interval, sni, metrics)
 
     def reloading_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        reloader = worker_reloader()
-        if reloader is None or getattr(_building, "active", False):
-            password = resolve_password(None)
-            if password is not None:  # gunicorn's factory has no password: OpenSSL would prompt on a tty
-                default_ssl_context_factory = _factory_with_password(conf, password)
+        reloader = running_here()
+        if reloader is not None and not _building:
+            return reloader.context
+        password = resolve_password(None)
+        if password is None:
             return user_ssl_context(conf, default_ssl_context_factory)
-        return reloader.context
-
-    def reloading_on_starting(server: Any) -> None:
-        _check_at_start(server, settings)
-        if on_starting is not None:
-            on_starting(server)
-
-    def reloading_post_worker_init(worker: Any) -> None:
-        # Ours first: the user's hook can then reach the reloader through worker_reloader().
-        _start_worker(worker, user_ssl_context, settings)
-        if post_worker_init is not None:
-            post_worker_init(worker)
-
-    def reloading_worker_exit(server: Any, worker: Any) -> None:
-        try:
-            if worker_exit is not None:
-                worker_exit(server, worker)
-        finally:
-            stop_here()
+        # gunicorn's factory loads the key with no password, for which OpenSSL would prompt on a tty.
+        return user_ssl_context(conf, lambda: _gunicorn_context(conf, password))
 
     hooks: dict[str, Callable[..., Any]] = {
         "ssl_context": reloading_ssl_context,
-        "on_starting": reloading_on_starting,
-        "post_worker_init": reloading_post_worker_init,
-        "worker_exit": reloading_worker_exit,
+        "on_starting": before(lambda server: _check_at_start(server, settings), on_starting),
+        # Ours first: the user's hook can then reach the reloader through worker_reloader().
+        "post_worker_init": before(lambda worker: _start_worker(worker, user_ssl_context, settings), post_worker_init),
+        "worker_exit": after(worker_exit, lambda server, worker: stop_here()),
     }
-    if when_ready is not None:
-        hooks["when_ready"] = when_ready
-    return hooks
+    return hooks if when_ready is None else {**hooks, "when_ready": when_ready}
 
 
 def add_reload(
@@ -164,7 +133,7 @@ def add_reload(
 
     Example: at the end of ``gunicorn.conf.py``, after your hooks: ``add_reload(globals())``.
     """
-    if _is_ours(namespace.get("ssl_context")):
+    if made_by(namespace.get("ssl_context"), reload_hooks):
         return
     namespace.update(
         reload_hooks(
@@ -181,33 +150,8 @@ def add_reload(
 
 def config_locations() -> tuple[str | None, str | None]:
     """The ``-c`` of the command line and the ``-c`` of ``$GUNICORN_CMD_ARGS`` (each ``None`` when absent)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("-c", "--config")
-
-    def config_of(args: list[str]) -> str | None:
-        try:
-            known, _ = parser.parse_known_args(args)
-        except SystemExit:  # not gunicorn's command line (a custom application): no -c to find
-            return None
-        config: str | None = known.config
-        return config
-
-    env = os.environ.get("GUNICORN_CMD_ARGS")
-    return config_of(sys.argv[1:]), config_of(shlex.split(env)) if env else None
-
-
-def _refuse_as_configuration() -> None:
-    """``-c python:tlsreload_plugins.gunicorn`` (the library, not the drop-in) would run with no reloading:
-    refuse it, through gunicorn's own one-line configuration error (``Error: ...``, exit 1)."""
-    if "gunicorn.app.base" not in sys.modules:
-        return
-    wrong = "python:tlsreload_plugins.gunicorn"
-    command_line, environment = config_locations()
-    if wrong in (command_line, environment if command_line is None else None):
-        raise RuntimeError(
-            f"{wrong} is tlsreload's library and sets nothing, so certificates would not be reloaded: "
-            f"use -c {DROP_IN}, or add_reload(globals()) at the end of your own configuration file"
-        )
+    environment = shlex.split(os.environ.get("GUNICORN_CMD_ARGS") or "")
+    return option_value(sys.argv[1:], "-c", "--config"), option_value(environment, "-c", "--config")
 
 
 def _check_at_start(arbiter: Any, settings: Settings) -> None:
@@ -227,7 +171,10 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
                 f"cannot serve TLS: --keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
                 "(the key may be in the certificate file, not the other way round)"
             )
-        _prepare_worker_class(cfg)
+        glue = glue_for(cfg.worker_class, OTHER_SERVERS_WORKERS)
+        if glue is not None:  # raises ValueError when the class builds a context no hook of ours reaches
+            other_server = importlib.import_module(f"{__package__}.{glue}")
+            other_server.prepare_gunicorn_worker_class(cfg.worker_class, cfg.worker_class_str)
         _last_good = _last_good or SharedStore()
         check_at_start(_files(cfg), _gunicorn_recipe(cfg), resolve_password(None), settings, _last_good, forks=True)
     except (CannotServe, ValueError) as e:
@@ -240,11 +187,10 @@ def _files(cfg: Any) -> TLSFiles:
 
 
 def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Settings) -> None:
-    """Set reloading up in this worker process (what ``post_worker_init`` does)."""
     logs.share_handlers(getattr(worker.log, "error_log", None))
     if not worker.cfg.is_ssl:
         return
-    if _is_uvicorn_worker(type(worker)):
+    if glue_for(type(worker), OTHER_SERVERS_WORKERS) == "uvicorn_worker":
         from . import uvicorn_worker  # its uvicorn calls the factory as it starts serving, after this hook
 
         uvicorn_worker.in_gunicorn_worker(
@@ -252,7 +198,7 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
         )
         return
     hook = worker.cfg.ssl_context
-    if not _is_ours(hook):
+    if not made_by(hook, reload_hooks):
         # An ssl_context defined after add_reload(globals()) replaced ours: gunicorn never asks us for a
         # context, so a reloader here would claim reloads that no handshake gets.
         log.error(
@@ -268,73 +214,31 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
     serve(worker, _gunicorn_recipe(worker.cfg), recipe_for, settings=settings)
 
 
-OTHER_SERVERS_WORKERS = {"uvicorn_worker": "uvicorn_worker", "uvicorn": "uvicorn_worker", "aiohttp": "aiohttp"}
-"""Worker classes another server ships, by its top-level package: the glue that knows how they build their
-context (its ``prepare_gunicorn_worker_class`` configures the class, or refuses it with one line)."""
-
-
-def _other_server(worker_class: Any) -> str | None:
-    """The glue module for a worker class another server ships, or ``None`` for gunicorn's own."""
-    for cls in inspect.getmro(worker_class):
-        glue = OTHER_SERVERS_WORKERS.get(cls.__module__.split(".")[0])
-        if glue is not None:
-            return glue
-    return None
-
-
-def _is_uvicorn_worker(worker_class: Any) -> bool:
-    return _other_server(worker_class) == "uvicorn_worker"
-
-
-def _prepare_worker_class(cfg: Any) -> None:
-    """Raises ValueError with the reason when the worker class builds a context no hook of ours reaches."""
-    worker_class: Any = cfg.worker_class
-    glue = _other_server(worker_class) if isinstance(worker_class, type) else None
-    if glue is not None:
-        importlib.import_module(f"{__package__}.{glue}").prepare_gunicorn_worker_class(
-            worker_class, cfg.worker_class_str
-        )
-
-
 def _gunicorn_recipe(cfg: Any) -> Recipe:
+    """gunicorn's own path to its context (its default factory, with ALPN, through the user's hook), with
+    our hook stepping aside so that it returns the user's fresh context instead of the live one."""
     from gunicorn import sock  # type: ignore[import-untyped]  # here: gunicorn is an optional dependency
 
     def build() -> ssl.SSLContext:
-        # gunicorn's own path (its default factory, with ALPN, through the user's hook), with our
-        # hook stepping aside so it returns the user's fresh context instead of the live one.
-        _building.active = True
-        try:
+        with _building:
             context: ssl.SSLContext = sock.ssl_context(cfg)
-        finally:
-            _building.active = False
         return context
 
     return build
 
 
-def _factory_with_password(conf: Any, password: Password) -> Callable[[], ssl.SSLContext]:
-    """gunicorn's default factory (gunicorn/sock.py ``ssl_context``) loading the key with ``password``."""
+def _gunicorn_context(conf: Any, password: Password) -> ssl.SSLContext:
+    """What gunicorn's default factory builds (gunicorn/sock.py ``ssl_context``), the key loaded with ``password``."""
     from gunicorn import sock
 
-    def factory() -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=conf.ca_certs)
-        context.load_cert_chain(certfile=conf.certfile, keyfile=conf.keyfile, password=password)
-        context.verify_mode = conf.cert_reqs
-        if conf.ciphers:
-            context.set_ciphers(conf.ciphers)
-        alpn = getattr(sock, "_get_alpn_protocols", None)
-        if alpn is not None:
-            protocols = alpn(conf)
-            if protocols:
-                context.set_alpn_protocols(protocols)
-        elif getattr(conf, "http_protocols", None) not in (None, ["h1"]):
-            raise RuntimeError(
-                "this gunicorn moved its ALPN set-up (gunicorn.sock._get_alpn_protocols): an encrypted key "
-                "cannot be combined with --http-protocols"
-            )
-        return context
-
-    return factory
+    alpn = getattr(sock, "_get_alpn_protocols", None)
+    if alpn is None and getattr(conf, "http_protocols", None) not in (None, ["h1"]):
+        raise RuntimeError(
+            "this gunicorn moved its ALPN set-up (gunicorn.sock._get_alpn_protocols): an encrypted key "
+            "cannot be combined with --http-protocols"
+        )
+    protocols = alpn(conf) if alpn is not None else None
+    return server_context(_files(conf), password, verify_mode=conf.cert_reqs, ciphers=conf.ciphers, alpn=protocols)
 
 
 def with_files(cfg: Any, files: TLSFiles) -> Any:
@@ -342,30 +246,29 @@ def with_files(cfg: Any, files: TLSFiles) -> Any:
     conf = copy.copy(cfg)
     conf.settings = dict(cfg.settings)
     for name, path in (("certfile", files.certfile), ("keyfile", files.keyfile), ("ca_certs", files.ca_certs)):
-        setting = copy.copy(cfg.settings[name])
-        setting.value = path
-        conf.settings[name] = setting
+        conf.settings[name] = copy.copy(cfg.settings[name])
+        conf.settings[name].value = path
     return conf
 
 
 def serve(worker: Any, recipe: Recipe, recipe_for: RecipeFor, *, settings: Settings) -> Reloader:
     """Make this worker's reloader and start checking it; a worker with nothing valid to serve waits
     for usable files (telling the arbiter it is alive), and leaves with status 0 when asked to stop."""
-    waiting = Waiting(leave=lambda: sys.exit(0), between=worker.notify)
-    try:
-        reloader = start_reloader(
-            _files(worker.cfg),
-            recipe,
-            recipe_for,
-            password=resolve_password(None),
-            settings=settings,
-            store=_last_good,
-            waiting=waiting,
+    files, notify = _files(worker.cfg), worker.notify
+    # 3: gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
+    return serve_in_worker(files, recipe, recipe_for, settings=settings, store=_last_good, between=notify, boot_error=3)
+
+
+def _refuse_as_configuration() -> None:
+    """``-c python:tlsreload_plugins.gunicorn`` (the library, not the drop-in) would run with no reloading:
+    refuse it, through gunicorn's own one-line configuration error (``Error: ...``, exit 1)."""
+    command_line, environment = config_locations() if "gunicorn.app.base" in sys.modules else (None, None)
+    wrong = "python:tlsreload_plugins.gunicorn"
+    if (command_line or environment) == wrong:  # as gunicorn reads -c: the command line's, else $GUNICORN_CMD_ARGS'
+        raise RuntimeError(
+            f"{wrong} is tlsreload's library and sets nothing, so certificates would not be reloaded: "
+            f"use -c {DROP_IN}, or add_reload(globals()) at the end of your own configuration file"
         )
-    except CannotServe as e:  # the arbiter checked the settings: only a store lost can bring this here
-        log.error("worker %s: %s", os.getpid(), e)
-        sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR
-    return run_here(reloader)
 
 
 _refuse_as_configuration()

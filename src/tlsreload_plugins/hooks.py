@@ -1,0 +1,108 @@
+"""Glue that lives in a server's own configuration: its hooks beside the user's, and the command line.
+
+Servers configured through hooks (functions a configuration file defines, called at points of the
+server's life) take one function per name, and may check its arity. Glue that needs the same point
+as the user wraps the user's hook:
+
+* :func:`before` and :func:`after`: one hook calling ours and theirs, with our hook's signature;
+* :func:`made_by`: whether the hook in effect is still one of ours (a hook defined later replaces it);
+* :class:`Aside`: a flag our hook reads to step aside while our own code calls the server's builder,
+  which calls the hook;
+* :func:`option_value`: an option of a command line the server parses, such as its configuration's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+__all__ = ["Aside", "after", "before", "made_by", "option_value"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def before(ours: F, theirs: Callable[..., object] | None) -> F:
+    """A hook that calls ``ours``, then ``theirs`` (when given), with the same arguments.
+
+    It has the name and signature of ``ours`` (``inspect.signature`` follows it); ``theirs`` does not run
+    when ``ours`` raises or exits. Returns ``ours`` itself when ``theirs`` is ``None``.
+
+    Example: ``settings["on_reload"] = before(forget_drop_in, settings.get("on_reload"))``.
+    """
+    if theirs is None:
+        return ours
+
+    @functools.wraps(ours)
+    def ours_then_theirs(*args: Any, **kwargs: Any) -> Any:
+        ours(*args, **kwargs)
+        return theirs(*args, **kwargs)
+
+    return cast(F, ours_then_theirs)
+
+
+def after(theirs: Callable[..., object] | None, ours: F) -> F:
+    """A hook that calls ``theirs`` (when given), then ``ours`` even when ``theirs`` raises, with the same
+    arguments; it has the name and signature of ``ours``. Returns ``ours`` itself when ``theirs`` is ``None``.
+
+    Example: ``hooks["worker_exit"] = after(user_worker_exit, stop_checking)``.
+    """
+    if theirs is None:
+        return ours
+
+    @functools.wraps(ours)
+    def theirs_then_ours(*args: Any, **kwargs: Any) -> Any:
+        try:
+            theirs(*args, **kwargs)
+        finally:
+            result = ours(*args, **kwargs)
+        return result
+
+    return cast(F, theirs_then_ours)
+
+
+def made_by(hook: object, maker: Callable[..., object]) -> bool:
+    """Whether ``hook`` is a function defined inside ``maker`` (one of the hooks it returned): how glue tells
+    its own hook, still in effect, from one the user's configuration defined after it."""
+    return getattr(hook, "__qualname__", "").startswith(f"{maker.__qualname__}.")
+
+
+class Aside(threading.local):
+    """A flag of the current thread: set for the length of a ``with`` block, read as ``bool(aside)``.
+
+    Example: a hook of ours that the server's builder calls returns the user's context, not the live
+    one, while a reload calls that builder::
+
+        with building:
+            context = server_builds_its_context()  # calls our hook, which sees `building` set
+    """
+
+    active = False
+
+    def __enter__(self) -> None:
+        self.active = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.active = False
+
+    def __bool__(self) -> bool:
+        return self.active
+
+
+def option_value(args: Sequence[str], *names: str) -> str | None:
+    """The value the command line ``args`` gives the option ``names`` (such as ``"-c", "--config"``), read as
+    argparse reads it (the last one given; ``-cX``, ``--config=X``, abbreviations); ``None`` when absent, or
+    when ``args`` do not parse as such a command line (a custom application's).
+
+    Example: ``option_value(["-c", "mine.conf.py", "app:app"], "-c", "--config") == "mine.conf.py"``.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(*names, dest="value")
+    try:
+        known, _ = parser.parse_known_args(list(args))
+    except SystemExit:  # argparse's reaction to a command line it cannot parse: no value to find
+        return None
+    value: str | None = known.value
+    return value

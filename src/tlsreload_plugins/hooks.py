@@ -8,18 +8,21 @@ as the user wraps the user's hook:
 * :func:`made_by`: whether the hook in effect is still one of ours (a hook defined later replaces it);
 * :class:`Aside`: a flag our hook reads to step aside while our own code calls the server's builder,
   which calls the hook;
-* :func:`option_value`: an option of a command line the server parses, such as its configuration's.
+* :func:`option_value`: an option of a command line the server parses, such as its configuration's;
+* :func:`imported_again_on`: a configuration module the server imports once is imported again when it
+  reloads its configuration.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, TypeVar, cast
 
-__all__ = ["Aside", "after", "before", "made_by", "option_value"]
+__all__ = ["Aside", "after", "before", "imported_again_on", "made_by", "option_value"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -106,3 +109,19 @@ def option_value(args: Sequence[str], *names: str) -> str | None:
         return None
     value: str | None = known.value
     return value
+
+
+def imported_again_on(settings: MutableMapping[str, Any], module: str, *hooks: str) -> None:
+    """Make each hook of ``settings`` named in ``hooks`` (hooks called with the server) first forget the module
+    named ``module``, then run as before: a server that imports a configuration *module* once, but reads a
+    configuration *file* again when it reloads (its ``hooks``), then imports the module, and what it reads,
+    again.
+
+    Example: ``imported_again_on(settings, __name__, "on_starting", "on_reload")`` in a configuration module.
+    """
+
+    def forget_module(server: Any) -> None:
+        sys.modules.pop(module, None)
+
+    for name in hooks:
+        settings[name] = before(forget_module, settings.get(name))

@@ -1,15 +1,14 @@
-"""gunicorn glue: reload the TLS certificate inside every worker, whatever the worker class.
+"""gunicorn glue: reload the TLS certificate inside every worker, whatever the worker class (see docs/gunicorn.md).
 
 How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``add_reload(globals())``
-at the end of your own ``gunicorn.conf.py``, which wraps its ``ssl_context``, ``on_starting``, ``post_worker_init``
-and ``worker_exit`` hooks (yours still run); gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``; ``tls_sni``,
+last in your own ``gunicorn.conf.py``, which wraps its ``ssl_context``, ``on_starting``, ``post_worker_init`` and
+``worker_exit`` hooks (yours still run); gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``; ``tls_sni`` and
 ``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``. Where the context is built: your ``ssl_context`` hook on
-gunicorn's default factory is the recipe; the hook then returns the worker's one reloading context (``sync`` and
-``gthread`` call it per connection, the others once). ``uvicorn_worker.UvicornWorker`` never calls the hook: its
-``CONFIG_KWARGS`` get a factory (see :mod:`tlsreload_plugins.servers.uvicorn_worker`). Worker lifecycle: forked.
-``on_starting`` checks the files in the arbiter before it binds, into the last good store every worker shares;
-each worker makes its reloader in ``post_worker_init`` (after gevent's patching) and stops it in ``worker_exit``.
-See docs/gunicorn.md.
+gunicorn's default factory is the recipe; the hook then hands out the worker's reloading context (``sync`` and
+``gthread`` ask per connection, the others once; ``uvicorn_worker.UvicornWorker`` never asks: its ``CONFIG_KWARGS``
+get a factory, see :mod:`tlsreload_plugins.servers.uvicorn_worker`). Worker lifecycle: forked. The arbiter checks
+the files in ``on_starting``, before it binds, into the last good store every worker shares; each worker makes its
+reloader in ``post_worker_init`` (after gevent's patching) and stops it in ``worker_exit``.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from .. import logs
 from ..contexts import server_context
 from ..forked import glue_for, serve_in_worker
 from ..forked import reloaders_here as reloaders
-from ..hooks import Aside, after, before, made_by, option_value
+from ..hooks import Aside, after, before, imported_again_on, made_by, option_value
 from ..identity import Password, TLSFiles
 from ..lastgood import RecipeFor, SharedStore
 from ..reloader import Recipe, Reloader, resolve_password
@@ -93,26 +92,9 @@ def reload_hooks(
     Returns:
         The hooks by name, for a configuration module's namespace.
     """
-    user_ssl_context = ssl_context or (lambda conf, factory: factory())  # gunicorn's own default hook
-    settings = Settings(interval, sni, metrics)
-
-    def reloading_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
-        reloader = running_here()
-        if reloader is not None and not _building:
-            return reloader.context
-        password = resolve_password(None)
-        if password is None:
-            return user_ssl_context(conf, default_ssl_context_factory)
-        # gunicorn's factory loads the key with no password, for which OpenSSL would prompt on a tty.
-        return user_ssl_context(conf, lambda: _gunicorn_context(conf, password))
-
-    hooks: dict[str, Callable[..., Any]] = {
-        "ssl_context": reloading_ssl_context,
-        "on_starting": before(lambda server: _check_at_start(server, settings), on_starting),
-        # Ours first: the user's hook can then reach the reloader through worker_reloader().
-        "post_worker_init": before(lambda worker: _start_worker(worker, user_ssl_context, settings), post_worker_init),
-        "worker_exit": after(worker_exit, lambda server, worker: stop_here()),
-    }
+    names = ("ssl_context", "on_starting", "post_worker_init", "worker_exit")
+    hooks: dict[str, Any] = dict(zip(names, (ssl_context, on_starting, post_worker_init, worker_exit), strict=True))
+    add_reload(hooks, interval=interval, sni=sni, metrics=metrics)
     return hooks if when_ready is None else {**hooks, "when_ready": when_ready}
 
 
@@ -133,25 +115,77 @@ def add_reload(
 
     Example: at the end of ``gunicorn.conf.py``, after your hooks: ``add_reload(globals())``.
     """
-    if made_by(namespace.get("ssl_context"), reload_hooks):
+    if made_by(namespace.get("ssl_context"), add_reload):
         return
-    namespace.update(
-        reload_hooks(
-            namespace.get("ssl_context"),
-            namespace.get("post_worker_init"),
-            namespace.get("worker_exit"),
-            on_starting=namespace.get("on_starting"),
-            interval=interval,
-            sni=sni if sni is not None else namespace.get("tls_sni"),
-            metrics=metrics if metrics is not None else namespace.get("tls_metrics"),
-        )
+    sni = sni if sni is not None else namespace.get("tls_sni")
+    metrics = metrics if metrics is not None else namespace.get("tls_metrics")
+    settings = Settings(interval, sni, metrics)
+    # The user's ssl_context hook, else gunicorn's default one (its default factory, as it is).
+    user_ssl_context: SSLContextHook = namespace.get("ssl_context") or (lambda conf, factory: factory())
+
+    def reloading_ssl_context(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+        reloader = running_here()
+        if reloader is not None and not _building:
+            return reloader.context
+        password = resolve_password(None)
+        if password is None:
+            return user_ssl_context(conf, default_ssl_context_factory)
+        # gunicorn's factory loads the key with no password, for which OpenSSL would prompt on a tty.
+        return user_ssl_context(conf, lambda: _default_context(conf, password))
+
+    namespace["ssl_context"] = reloading_ssl_context
+    namespace["on_starting"] = before(lambda server: _check_at_start(server, settings), namespace.get("on_starting"))
+    # Ours first: the user's hook can then reach the reloader through worker_reloader().
+    namespace["post_worker_init"] = before(
+        lambda worker: _start_worker(worker, user_ssl_context, settings), namespace.get("post_worker_init")
     )
+    namespace["worker_exit"] = after(namespace.get("worker_exit"), lambda server, worker: stop_here())
 
 
 def config_locations() -> tuple[str | None, str | None]:
     """The ``-c`` of the command line and the ``-c`` of ``$GUNICORN_CMD_ARGS`` (each ``None`` when absent)."""
     environment = shlex.split(os.environ.get("GUNICORN_CMD_ARGS") or "")
     return option_value(sys.argv[1:], "-c", "--config"), option_value(environment, "-c", "--config")
+
+
+def drop_in_settings(module: str) -> dict[str, Any]:
+    """The settings of the drop-in (:mod:`tlsreload_plugins.gunicorn_conf`, imported as ``module``): those of the
+    configuration gunicorn would have read without it, reloading added to its hooks. gunicorn applies
+    ``$GUNICORN_CMD_ARGS`` and the command line over them, as it always does."""
+    from gunicorn.app.base import Application  # type: ignore[import-untyped]
+    from gunicorn.config import KNOWN_SETTINGS  # type: ignore[import-untyped]
+
+    global chained_config
+    chained_config = location = _replaced_config()
+    # Read by gunicorn's own code: python:MODULE imported, a file run as the module __config__ (an error in it
+    # reported as gunicorn reports it: "Failed to read config file: ..." and the traceback, exit 1).
+    read: dict[str, Any] = {}
+    if location is not None and location.startswith("python:"):
+        read = dict(Application.get_config_from_module_name(None, location[len("python:") :]))
+    elif location is not None:
+        read = dict(Application.get_config_from_filename(None, location.removeprefix("file:")))
+    names = {setting.name for setting in KNOWN_SETTINGS}
+    settings = {name: value for name, value in read.items() if name in names}
+    add_reload(settings, sni=read.get("tls_sni"), metrics=read.get("tls_metrics"))
+    # gunicorn imports a python: module once, but reads a configuration file again on HUP: so should the drop-in.
+    imported_again_on(settings, module, "on_starting", "on_reload")
+    return settings
+
+
+def _replaced_config() -> str | None:
+    """The configuration gunicorn would have read had the drop-in not been named (gunicorn/app/base.py,
+    ``Application.load_config``: the ``-c`` of the command line, else that of ``$GUNICORN_CMD_ARGS``, else
+    ``./gunicorn.conf.py`` when it exists); ``None`` when there is none, or the drop-in was not named with
+    ``-c`` (a custom application loads it by itself)."""
+    from gunicorn.config import get_default_config_file
+
+    command_line, environment = config_locations()
+    if (command_line or environment) != DROP_IN:
+        return None
+    if command_line and environment not in (None, DROP_IN):
+        return environment
+    path: str | None = get_default_config_file()
+    return path
 
 
 def _check_at_start(arbiter: Any, settings: Settings) -> None:
@@ -176,7 +210,7 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
             other_server = importlib.import_module(f"{__package__}.{glue}")
             other_server.prepare_gunicorn_worker_class(cfg.worker_class, cfg.worker_class_str)
         _last_good = _last_good or SharedStore()
-        check_at_start(_files(cfg), _gunicorn_recipe(cfg), resolve_password(None), settings, _last_good, forks=True)
+        check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, _last_good, forks=True)
     except (CannotServe, ValueError) as e:
         log.error("%s", e if isinstance(e, CannotServe) else f"cannot serve TLS: {e}")
         arbiter.halt(reason="the TLS certificate files or settings are not usable", exit_status=STARTUP_FAILURE)
@@ -188,7 +222,8 @@ def _files(cfg: Any) -> TLSFiles:
 
 def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Settings) -> None:
     logs.share_handlers(getattr(worker.log, "error_log", None))
-    if not worker.cfg.is_ssl:
+    cfg = worker.cfg
+    if not cfg.is_ssl:
         return
     if glue_for(type(worker), OTHER_SERVERS_WORKERS) == "uvicorn_worker":
         from . import uvicorn_worker  # its uvicorn calls the factory as it starts serving, after this hook
@@ -197,37 +232,29 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
             worker, user_ssl_context, lambda *recipes: serve(worker, *recipes, settings=settings)
         )
         return
-    hook = worker.cfg.ssl_context
-    if not made_by(hook, reload_hooks):
+    if not made_by(cfg.ssl_context, add_reload):
         # An ssl_context defined after add_reload(globals()) replaced ours: gunicorn never asks us for a
         # context, so a reloader here would claim reloads that no handshake gets.
         log.error(
             "the ssl_context hook in effect (%s) is not tlsreload's: one defined after add_reload(globals()) "
             "replaces it, and this worker's certificate is NOT reloaded; call add_reload(globals()) last",
-            getattr(hook, "__qualname__", repr(hook)),
+            getattr(cfg.ssl_context, "__qualname__", repr(cfg.ssl_context)),
         )
         return
-
-    def recipe_for(files: TLSFiles) -> ssl.SSLContext:
-        return _gunicorn_recipe(with_files(worker.cfg, files))()
-
-    serve(worker, _gunicorn_recipe(worker.cfg), recipe_for, settings=settings)
+    serve(worker, lambda: _context_of(cfg), lambda files: _context_of(with_files(cfg, files)), settings=settings)
 
 
-def _gunicorn_recipe(cfg: Any) -> Recipe:
+def _context_of(cfg: Any) -> ssl.SSLContext:
     """gunicorn's own path to its context (its default factory, with ALPN, through the user's hook), with
     our hook stepping aside so that it returns the user's fresh context instead of the live one."""
     from gunicorn import sock  # type: ignore[import-untyped]  # here: gunicorn is an optional dependency
 
-    def build() -> ssl.SSLContext:
-        with _building:
-            context: ssl.SSLContext = sock.ssl_context(cfg)
-        return context
-
-    return build
+    with _building:
+        context: ssl.SSLContext = sock.ssl_context(cfg)
+    return context
 
 
-def _gunicorn_context(conf: Any, password: Password) -> ssl.SSLContext:
+def _default_context(conf: Any, password: Password) -> ssl.SSLContext:
     """What gunicorn's default factory builds (gunicorn/sock.py ``ssl_context``), the key loaded with ``password``."""
     from gunicorn import sock
 
@@ -254,9 +281,15 @@ def with_files(cfg: Any, files: TLSFiles) -> Any:
 def serve(worker: Any, recipe: Recipe, recipe_for: RecipeFor, *, settings: Settings) -> Reloader:
     """Make this worker's reloader and start checking it; a worker with nothing valid to serve waits
     for usable files (telling the arbiter it is alive), and leaves with status 0 when asked to stop."""
-    files, notify = _files(worker.cfg), worker.notify
-    # 3: gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
-    return serve_in_worker(files, recipe, recipe_for, settings=settings, store=_last_good, between=notify, boot_error=3)
+    return serve_in_worker(
+        _files(worker.cfg),
+        recipe,
+        recipe_for,
+        settings=settings,
+        store=_last_good,
+        between=worker.notify,
+        boot_error=3,  # gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
+    )
 
 
 def _refuse_as_configuration() -> None:

@@ -84,10 +84,8 @@ def reload_hooks(
     certificate reloading to the given ones (each may be ``None``); most configurations want :func:`add_reload`.
 
     Args:
-        interval: seconds between checks (``$TLSRELOAD_INTERVAL``, else 1).
-        sni: directories of more identities chosen by server name (``$TLSRELOAD_SNI``).
-        metrics: export Prometheus metrics (``$TLSRELOAD_METRICS``, else off).
         when_ready: returned unchanged (the start-up check runs in ``on_starting``, before binding).
+        interval, sni, metrics: as :func:`add_reload` (with no module to read: the ``$TLSRELOAD_*`` variables).
 
     Returns:
         The hooks by name, for a configuration module's namespace.
@@ -109,9 +107,10 @@ def add_reload(
 
     Args:
         namespace: the module's ``globals()``; its hooks are wrapped (those it lacks, defined).
-        interval: as :func:`reload_hooks`.
-        sni: else the module's ``tls_sni`` (a list of directories), else ``$TLSRELOAD_SNI``.
-        metrics: else the module's ``tls_metrics``, else ``$TLSRELOAD_METRICS``, else off.
+        interval: seconds between checks (``$TLSRELOAD_INTERVAL``, else 1).
+        sni: directories of more identities chosen by server name: else the module's ``tls_sni``, else
+            ``$TLSRELOAD_SNI``.
+        metrics: export Prometheus metrics: else the module's ``tls_metrics``, else ``$TLSRELOAD_METRICS``, else off.
 
     Example: at the end of ``gunicorn.conf.py``, after your hooks: ``add_reload(globals())``.
     """
@@ -173,10 +172,9 @@ def drop_in_settings(module: str) -> dict[str, Any]:
 
 
 def _replaced_config() -> str | None:
-    """The configuration gunicorn would have read had the drop-in not been named (gunicorn/app/base.py,
-    ``Application.load_config``: the ``-c`` of the command line, else that of ``$GUNICORN_CMD_ARGS``, else
-    ``./gunicorn.conf.py`` when it exists); ``None`` when there is none, or the drop-in was not named with
-    ``-c`` (a custom application loads it by itself)."""
+    """The configuration gunicorn would have read without the drop-in (gunicorn/app/base.py ``load_config``: the
+    command line's ``-c``, else ``$GUNICORN_CMD_ARGS``', else ``./gunicorn.conf.py`` when it exists); ``None`` when
+    there is none, or the drop-in was not named with ``-c`` (a custom application loads it by itself)."""
     from gunicorn.config import get_default_config_file
 
     command_line, environment = config_locations()

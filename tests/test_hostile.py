@@ -1,7 +1,8 @@
 """Issue 9, end to end: nothing on disk may stop, stall or silently freeze a server.
 
-Every hostile case of :mod:`hostile` is put on disk under each real server while client threads
-handshake throughout. The server must keep serving its last good leaf with no failed or stalled
+Hostile cases of :mod:`hostile` are put on disk under real servers while client threads handshake
+throughout: every case under one server per way checks are driven (:data:`FULL`), and one case of each
+sort under every server (:data:`EVERY_KIND`). The server must keep serving its last good leaf with no failed or stalled
 handshake, say so once per worker (a WARNING naming the file), show it in ``/status`` and
 ``/metrics``, and serve the next good pair within the check interval plus a margin.
 
@@ -59,6 +60,15 @@ FAILED_TO_BOOT = "Worker failed to boot"
 
 SERVERS = list(server_kinds.KINDS)
 CASES = list(HOSTILE)
+FULL = ("sync", "gevent", "tlsreload-uvicorn", "tlsreload-hypercorn")
+"""Kinds that meet every case: one per way a check is driven (a thread in a forked worker, gevent's hub pool, an
+asyncio loop in a spawned process, hypercorn's spawned workers). What a case does is decided by the core, the same
+code in every server; what a server adds is how its checks are driven and how its status reaches clients."""
+EVERY_KIND = ("fifo", "huge", "mismatched")
+"""Cases every kind meets, one of each sort: a read that would block, a file past the size cap, a pair refused by
+validation (reported in the log, ``/status`` and ``/metrics``)."""
+PAIRS = {(kind, case) for kind in SERVERS for case in CASES if kind in FULL or case in EVERY_KIND}
+"""The (server, case) pairs the matrix runs: conftest.py deselects the others, for CI's time."""
 
 # Caps the data segment, then runs the rest of the command line with this Python (limits survive exec).
 CAPPED_BOOT = (

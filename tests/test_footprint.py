@@ -5,6 +5,8 @@ whose app answers which of asyncio, cryptography and prometheus_client its worke
 - The workers of the spawn-based servers (tlsreload-uvicorn --workers, tlsreload-hypercorn) take their
   parent's verdict on the files, at start and on every rotation, and load no cryptography; only content the
   parent refused is judged by each worker itself (a bad pair refused). A trio worker loads no asyncio.
+- A serving process that validates (tlsreload-uvicorn in one process, a gunicorn sync or gevent worker) does so
+  in a short-lived child process and never loads cryptography, at start, after a reload nor after a refusal.
 """
 
 from __future__ import annotations
@@ -166,3 +168,76 @@ def test_a_bad_metrics_setting_stops_the_start_with_one_line(tmp_path: Path, ca:
     assert running.proc.returncode != 0, output
     assert "TLSRELOAD_METRICS must be 1 or 0" in output, output
     assert "Traceback" not in output, output
+
+
+def one_serving_process(server: str, port: int, layout: KubeletLayout) -> list[str]:
+    """``server`` serving from one process: tlsreload-uvicorn without ``--workers``, gunicorn with one worker."""
+    if server == "tlsreload-uvicorn":
+        args = command(server, port, layout)
+        at = args.index("--workers")
+        return args[:at] + args[at + 2 :]
+    worker_class = server.removeprefix("gunicorn-")
+    args = command("gunicorn-sync", port, layout)
+    args[args.index("--workers") + 1] = "1"
+    return [*args[:-1], "--worker-class", worker_class, args[-1]]
+
+
+def children_of(pid: int) -> list[str]:
+    """The processes whose parent is ``pid``, zombies included (``pid state``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(f"{entry.name} {fields[0]}")
+    return found
+
+
+@pytest.mark.parametrize("server", ["tlsreload-uvicorn", "gunicorn-sync", "gunicorn-gevent"])
+def test_a_serving_process_validates_in_a_child_and_never_loads_cryptography(
+    tmp_path: Path, ca: trustme.CA, server: str
+) -> None:
+    """Issue 25: the one process of tlsreload-uvicorn (no ``--workers``) and a gunicorn worker (sync; gevent, whose
+    checks run on its hub's native threads) validate each new pair in a short-lived child process, so none loads
+    cryptography: at start, after a reload, nor after refusing a bad pair (with the usual reason). The child is
+    reaped by then, and no warning says validation fell back into the process."""
+    layout = KubeletLayout(tmp_path / "secret")
+    first, second = issue(ca), issue(ca)
+    layout.install(first)
+    port = free_port()
+    ctx = client_context(ca)
+    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    args = one_serving_process(server, port, layout)
+    with run_server(args, tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
+        at_start = every_worker_once(port, ctx, first.serial)
+        layout.install(second)
+        reloaded = every_worker_once(port, ctx, second.serial)
+        layout.write_raw(second.chain, first.key)
+        wait_until(lambda: "certificate reload failed" in running.output(), DEADLINE, what="the bad pair refused")
+        refused = every_worker_once(port, ctx, second.serial)
+        assert running.proc.poll() is None, running.output()
+        output = running.output()
+        pid = next(iter(refused))
+        assert children_of(pid) == [], output
+    assert at_start.keys() == reloaded.keys() == refused.keys(), (at_start, reloaded, refused)  # one process
+    for loaded in (*at_start.values(), *reloaded.values(), *refused.values()):
+        assert "cryptography" not in loaded, output
+    assert "does not match the certificate" in output, output
+    assert "validated in this process" not in output and "Traceback" not in output, output
+
+
+def every_worker_once(port: int, ctx: ssl.SSLContext, serial: str) -> dict[int, set[str]]:
+    """Poll until a worker serves ``serial``; the modules it has loaded, by pid."""
+    seen: dict[int, set[str]] = {}
+
+    def served() -> bool:
+        answer, pid, loaded = ask(port, ctx)
+        if answer == serial:
+            seen[pid] = loaded
+        return bool(seen)
+
+    wait_until(served, DEADLINE, what=f"{serial} served")
+    return seen

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
+from . import validate_apart
 from .errors import InvalidIdentity, NotServable, ReloadError
 from .files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
-from .identity import Leaf, judge_period, validate
+from .identity import Leaf, judge_period
+from .identity import validate as validate  # `X as X`: importable from here as before; validation is validate_apart's
 
 if TYPE_CHECKING:
     from .lastgood import LastGood
@@ -55,11 +57,12 @@ def load_identity(
 ) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
     """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
     before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
-    decide exactly as the reloader does. ``judged(snapshot)`` may give the leaf an earlier
+    decide exactly as the reloader does (validating where :mod:`tlsreload_plugins.validate_apart` says: a child
+    process, unless this one has loaded ``cryptography``). ``judged(snapshot)`` may give the leaf an earlier
     validation of exactly those bytes found (:meth:`LastGood.judged <tlsreload_plugins.lastgood.LastGood.judged>`),
     which is then not parsed again. Raises :class:`InvalidIdentity` with the reason."""
     snapshot = read_files(files)
-    leaf = judged(snapshot) or validate(snapshot, password)
+    leaf = judged(snapshot) or validate_apart.judge(snapshot, password)
     return snapshot, leaf, build_context(recipe, files)
 
 
@@ -108,7 +111,7 @@ def first_verdict(
         kept = last_good.kept(snapshot) if last_good is not None else None
         if kept is not None:
             return Snapshot(files, *kept[0]), kept[1], None
-        return snapshot, validate(snapshot, password), None
+        return snapshot, validate_apart.judge(snapshot, password), None
     except InvalidIdentity as e:
         if last_good is None:
             raise

@@ -8,9 +8,10 @@ fingerprinting the files are in :mod:`tlsreload_plugins.files`, the exceptions i
 defined.
 
 ``cryptography`` is imported by the functions that parse, when first called: reading and
-fingerprinting need none of it, and a worker process whose files its server's parent has already
-validated (see :mod:`tlsreload_plugins.lastgood`) is spared its memory (about 5 MiB) until it has
-new content to judge.
+fingerprinting need none of it. A serving process does not call them itself: the reloader validates
+through :mod:`tlsreload_plugins.validate_apart`, which runs :func:`validate` in a short-lived child
+process, so that the server never loads ``cryptography`` (about 10.5 MiB). A direct call of
+:func:`validate` runs in the calling process.
 """
 
 from __future__ import annotations

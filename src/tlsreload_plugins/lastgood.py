@@ -15,7 +15,7 @@ with the leaf its validation found. Nothing touches the disk.
 * Servers that start workers with ``spawn`` (uvicorn's ``--workers``, hypercorn) pass the store to
   each child with its configuration (on Linux, as a memfd). Their parent validates the files too
   (:func:`keep_newest_valid`), so a worker takes the parent's verdict on new content instead of
-  loading ``cryptography`` to parse it.
+  having it validated again (:mod:`tlsreload_plugins.validate_apart`: a child process each time).
 
 A context is built from the bytes through the server's own recipe, given paths to in-memory files
 (``memfd_create``, read as ``/proc/self/fd/N``). Where memfd is missing, the files go to a private
@@ -38,17 +38,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .identity import (
-    InvalidIdentity,
-    Leaf,
-    Password,
-    Snapshot,
-    TLSFiles,
-    fingerprint,
-    judge_period,
-    read_files,
-    validate,
-)
+from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, fingerprint, judge_period, read_files
+from .identity import validate as validate  # `X as X`: importable from here as before; validation is validate_apart's
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.lastgood import X` works.
 from .store import _COUNT as _COUNT
@@ -73,6 +64,7 @@ from .store import _named as _named
 from .store import decode as decode
 from .store import encode as encode
 from .store import shared_with_spawned_processes as shared_with_spawned_processes
+from .validate_apart import judge, validate_many
 
 log = logging.getLogger("tlsreload_plugins.lastgood")
 
@@ -180,11 +172,19 @@ class LastGood:
         :attr:`name` (another process of the server validated them): no need to parse them again. When
         the store does not, and a keeper looks after it (a spawn server's parent), the keeper is asked to
         look first. ``None`` when nobody has found them valid. Blocking (up to :data:`ASK_WAIT`)."""
+        return self.verdict_for(snapshot)[0]
+
+    def verdict_for(self, snapshot: Snapshot) -> tuple[Leaf | None, bool]:
+        """:meth:`judged`, and whether a keeper looked at the files since they hold these bytes and kept no
+        verdict for them: it refused them (``(None, True)``). Blocking (up to :data:`ASK_WAIT`)."""
         parts = (snapshot.cert, snapshot.key, snapshot.ca)
         kept = self.store.verdict(self.name)
-        if (kept is None or kept[0] != parts) and self.store.ask(name=self.name):
-            kept = self.store.verdict(self.name)
-        return kept[1] if kept is not None and kept[0] == parts else None
+        if kept is not None and kept[0] == parts:
+            return kept[1], False
+        if not self.store.ask(name=self.name):
+            return None, False
+        kept = self.store.verdict(self.name)
+        return (kept[1], False) if kept is not None and kept[0] == parts else (None, True)
 
     def kept(self, snapshot: Snapshot) -> tuple[Parts, Leaf] | None:
         """The bytes kept for :attr:`name` and their verdict when they are exactly ``snapshot``'s, without
@@ -202,7 +202,7 @@ class LastGood:
         if parts is None:
             raise InvalidIdentity("no certificate was served by this server before")
         snapshot = Snapshot(files, *parts)
-        leaf = self.judged(snapshot) or validate(snapshot, password)
+        leaf = self.judged(snapshot) or judge(snapshot, password)
         try:
             judge_period(leaf, files, datetime.fromtimestamp(now, timezone.utc))
         except InvalidIdentity:
@@ -241,7 +241,7 @@ def keep_newest_valid(
 
     For the parent of a server that starts its workers with ``spawn`` (uvicorn's ``--workers``,
     hypercorn's), before it starts them: they share the store, and take the verdicts found here
-    instead of loading ``cryptography`` to parse the files themselves. A thread is safe in such a
+    instead of having each new pair validated again for each of them. A thread is safe in such a
     parent: its children start as fresh interpreters, not as a bare ``fork()`` of it. Where the store
     cannot be shared with them (:func:`shared_with_spawned_processes`), one WARNING says so: each
     worker then gets a copy of the store when it starts, and judges new content itself.
@@ -250,7 +250,7 @@ def keep_newest_valid(
     if why_not is not None:
         log.warning(
             "workers get a copy of the last good certificate when they start, and validate new certificates "
-            "themselves (about 5 MiB more each): %s",
+            "themselves: %s",
             why_not,
         )
     keeper = store.keep()
@@ -270,15 +270,9 @@ def keep_newest_valid(
                 store.forget(name)
             if look is not None:  # those the kernel saw change, a slice of the others, those asked about, new ones
                 look = None if asked is None else look | asked | {name for name in found if name not in seen}
-            valid: dict[str, tuple[Snapshot, Leaf | None]] = {}
-            for name, files in found.items():
-                if look is not None and name not in look:
-                    continue
-                judged, kept = _keep_if_valid(files, password, name, seen.get(name))
-                if judged is not None:
-                    seen[name] = judged
-                if kept is not None:
-                    valid[name] = kept
+            names = [name for name in found if look is None or name in look]
+            judged, valid = _keep_if_valid({name: found[name] for name in names}, password, seen)
+            seen.update(judged)
             store.write_many(valid)  # one write of the table for all of them
 
     def keep() -> None:
@@ -300,42 +294,66 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
 
     Example: ``keep_all_valid(sni.discover(sni.resolve_directories(None), ca_certs), password, store)``.
     """
+    read: dict[str, Snapshot | str] = {}  # the bytes, or why they could not be read
+    for name, files in identities.items():
+        try:
+            read[name] = read_files(files)
+        except Exception as e:  # InvalidIdentity, or what nobody foresaw: the workers judge it themselves
+            read[name] = str(e)
+    snapshots = {name: snapshot for name, snapshot in read.items() if isinstance(snapshot, Snapshot)}
+    verdicts = dict(zip(snapshots, validate_many([(s, password) for s in snapshots.values()]), strict=True))
     valid: dict[str, tuple[Snapshot, Leaf | None]] = {}
     refused: dict[str, str] = {}
     now = datetime.now(timezone.utc)
-    for name, files in identities.items():
-        try:
-            snapshot = read_files(files)
-            leaf = validate(snapshot, password)
-            judge_period(leaf, files, now)
-        except Exception as e:  # InvalidIdentity, or what nobody foresaw: the workers judge it themselves
-            refused[name] = str(e)
-            continue
-        valid[name] = (snapshot, leaf)
+    for name, snapshot in read.items():
+        verdict: Leaf | Exception | str = snapshot if isinstance(snapshot, str) else verdicts[name]
+        if isinstance(verdict, Leaf) and isinstance(snapshot, Snapshot):
+            try:
+                judge_period(verdict, snapshot.files, now)
+                valid[name] = (snapshot, verdict)
+                continue
+            except InvalidIdentity as e:
+                verdict = e
+        refused[name] = str(verdict)
     store.write_many(valid)
     return refused
 
 
 def _keep_if_valid(
-    files: TLSFiles, password: Password, name: str, seen: str | None
-) -> tuple[str | None, tuple[Snapshot, Leaf] | None]:
-    """The fingerprint of the content judged at ``files`` (``None`` when it must be judged again:
-    unreadable, or refused for its dates), and the identity to keep as ``name`` when it is new and valid."""
-    try:
-        snapshot = read_files(files)
-        current = fingerprint(snapshot)
-        if current == seen:
-            return current, None
+    identities: Mapping[str, TLSFiles], password: Password, seen: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, tuple[Snapshot, Leaf | None]]]:
+    """Of ``identities`` (name: files), the fingerprint of the content judged at each one's files (not given
+    when it must be judged again: unreadable, or refused for its dates), and the identities to keep: those
+    whose content is new (not the one ``seen`` gives the name) and valid. The new contents are validated in one
+    batch (:func:`~tlsreload_plugins.validate_apart.validate_many`: one child process)."""
+    judged: dict[str, str] = {}
+    new: dict[str, tuple[Snapshot, str]] = {}
+    for name, files in identities.items():
         try:
-            leaf = validate(snapshot, password)
+            snapshot = read_files(files)
+            current = fingerprint(snapshot)
+        except Exception:  # the serving processes report what is wrong; nothing is served here
+            continue
+        if current == seen.get(name):
+            judged[name] = current
+        else:
+            new[name] = (snapshot, current)
+    kept: dict[str, tuple[Snapshot, Leaf | None]] = {}
+    now = datetime.now(timezone.utc)
+    leaves = validate_many([(snapshot, password) for snapshot, _ in new.values()])
+    for (name, (snapshot, current)), leaf in zip(new.items(), leaves, strict=True):
+        if isinstance(leaf, InvalidIdentity):
+            judged[name] = current  # unusable content is not parsed again on every check
+            continue
+        try:
+            judge_period(leaf, snapshot.files, now)
         except InvalidIdentity:
-            return current, None  # unusable content is not parsed again on every check
-        judge_period(leaf, files, datetime.now(timezone.utc))
-    except Exception:  # the serving processes report what is wrong; nothing is served here
-        return None, None
-    log.debug(
-        "processes started from now on get serial %s%s if the files are unusable then",
-        leaf.serial,
-        f" for SNI identity {name}" if name else "",
-    )
-    return current, (snapshot, leaf)
+            continue
+        judged[name] = current
+        kept[name] = (snapshot, leaf)
+        log.debug(
+            "processes started from now on get serial %s%s if the files are unusable then",
+            leaf.serial,
+            f" for SNI identity {name}" if name else "",
+        )
+    return judged, kept

@@ -37,17 +37,20 @@ Example (a server of your own; the adapters do this for you)::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import ssl
 import threading
 import weakref
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
-from . import metrics
+from . import metrics, validate_apart
 from .drivers import gevent_offload
-from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles
+from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, read_files
 from .lastgood import LastGood, RecipeFor, SharedStore
 from .reloader import Examined, Offload, Outcome, Reloader, Status, resolve_interval
 from .sni_contexts import ContextCache
@@ -232,25 +235,26 @@ class SNIIdentities:
             wanted = tick.check | self._pending.keys() | self._missing
             self._sweeping = tick.check - tick.dirty if not tick.everything else frozenset()
             self._again = set()
-            current = self._identities
-            rebuild = False
-            if found is self._found and not self._missing:  # nobody added or removed: only those wanted
-                added: dict[str, Reloader] = {}
-                for name in wanted:
-                    known = current.get(name)
-                    if known is not None:
-                        rebuild |= self._check_one(name, known, settle, offload)
-                    elif name in found:
-                        fresh = self._add(name, found[name], settle)
-                        if fresh is not None:
-                            added[name] = fresh
-                if added:  # in precedence order
-                    served = {**current, **added}
-                    self._identities = {name: served[name] for name in found if name in served}
+            with self._judged_ahead(tick.dirty if not tick.everything else frozenset(), found, wanted, offload):
+                current = self._identities
+                rebuild = False
+                if found is self._found and not self._missing:  # nobody added or removed: only those wanted
+                    added: dict[str, Reloader] = {}
+                    for name in wanted:
+                        known = current.get(name)
+                        if known is not None:
+                            rebuild |= self._check_one(name, known, settle, offload)
+                        elif name in found:
+                            fresh = self._add(name, found[name], settle)
+                            if fresh is not None:
+                                added[name] = fresh
+                    if added:  # in precedence order
+                        served = {**current, **added}
+                        self._identities = {name: served[name] for name in found if name in served}
+                        rebuild = True
+                else:
                     rebuild = True
-            else:
-                rebuild = True
-                self._identities = self._walk(found, wanted, settle, offload)
+                    self._identities = self._walk(found, wanted, settle, offload)
             self._found = found
             if rebuild:
                 self._rebuild()
@@ -266,6 +270,35 @@ class SNIIdentities:
                         if kept is not None:
                             kept.forget_bytes()
                 self._to_keep = {}
+
+    def _judged_ahead(
+        self, dirty: Set[str], found: dict[str, TLSFiles], wanted: Set[str], offload: Offload[Examined] | None
+    ) -> AbstractContextManager[None]:
+        """Validate in one batch, ahead of this check (one child process: :mod:`tlsreload_plugins.validate_apart`),
+        what it is about to validate one identity at a time: the identities it adds (at start: every one the
+        last good store has no verdict for) and, of those the kernel reported changed, the ones whose files hold
+        new content. Under gevent, in its threadpool."""
+        if not validate_apart.apart():
+            return contextlib.nullcontext()
+        run = cast("Callable[[Callable[[], Any]], Any] | None", offload) or (lambda work: work())
+        current = self._identities
+        adding = found.keys() - current.keys()
+        if found is self._found and not self._missing:  # nothing added or removed: only those wanted are added
+            adding &= wanted
+
+        def gather() -> list[tuple[Snapshot, Password]]:
+            items: list[tuple[Snapshot, Password]] = []
+            for name in adding:
+                files = TLSFiles(found[name].certfile, found[name].keyfile, self.ca_certs)
+                with contextlib.suppress(InvalidIdentity):
+                    snapshot = read_files(files)
+                    if self.store is None or LastGood(self.store, self.recipe_for, name).kept(snapshot) is None:
+                        items.append((snapshot, self.password))
+            changed = (current[name].new_content() for name in dirty & wanted if name in current)
+            return items + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
+
+        items = run(gather)
+        return validate_apart.prejudged(items, run=run)
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
         """Check one served identity; whether its leaf changed (the routing table may have to follow)."""

@@ -63,9 +63,10 @@ _MAX_ASK = 512
 LOCK_WAIT = 2.0
 """Seconds a write waits for another process's write to end before giving up (it logs why)."""
 
-ASK_WAIT = 1.0
+ASK_WAIT = 3.0
 """Seconds a worker waits for the keeper's verdict on new content (:meth:`SharedStore.ask`) before it
-judges the content itself."""
+judges the content itself. The keeper validates in a child process (:mod:`tlsreload_plugins.validate_apart`):
+0.2 to 0.3 s, more on a loaded machine."""
 
 
 def _named(name: str) -> str:

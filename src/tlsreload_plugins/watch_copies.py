@@ -15,7 +15,9 @@ import stat
 import tempfile
 from collections.abc import Callable
 
-from .identity import InvalidIdentity, Password, Snapshot, TLSFiles, read_files, validate
+from .identity import InvalidIdentity, Password, Snapshot, TLSFiles, read_files
+from .identity import validate as validate  # `X as X`: importable from here as before; validation is validate_apart's
+from .validate_apart import judge
 from .watch_options import UsageError
 
 _COPY_NAMES = {"cert": "cert.pem", "key": "key.pem", "ca": "ca.pem"}
@@ -129,7 +131,7 @@ def copying_recipe(files: TLSFiles, copies: Copies, password: Password) -> Calla
     def recipe() -> ssl.SSLContext:
         try:
             snapshot = read_files(files)
-            validate(snapshot, password)
+            judge(snapshot, password)
         except InvalidIdentity as e:  # the files changed since the reloader validated them
             raise ValueError(str(e)) from None
         return plain_context(copies.stage(snapshot), password)

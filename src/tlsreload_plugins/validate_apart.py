@@ -1,0 +1,159 @@
+"""Where identities are validated: in a short-lived child process, so that a serving process never loads
+``cryptography``; or in this process.
+
+Parsing a certificate chain and a key takes ``cryptography``, and importing it costs a process about 10.5 MiB
+(PSS; its Rust extension alone is 7.9 MiB), kept until the process exits, although a server validates only when
+its files change. So a serving process hands the bytes to a child (:mod:`tlsreload_plugins.validate_child`), which
+runs :func:`~tlsreload_plugins.identity.validate` on each identity and exits. The verdicts are ``validate``'s own:
+a :class:`~tlsreload_plugins.identity.Leaf`, or an :class:`~tlsreload_plugins.errors.InvalidIdentity` with the
+same message and path.
+
+* :func:`validate_many` judges any number of identities with one child (SNI discovery at start: thousands);
+  :func:`judge` is ``validate``'s contract for one; :func:`prejudged` judges a batch ahead of the checks that
+  will ask for those verdicts one by one.
+* Where: in a child, unless this process has loaded cryptography's bindings already (tests, ``tlsreload
+  check``, the demo: the memory is spent, and a child would only cost time). ``$TLSRELOAD_VALIDATE``
+  (:data:`VALIDATE_ENV`) = ``process`` or ``inline`` forces either. A direct call of ``identity.validate``
+  always runs in the calling process.
+* When no child can be started (no ``sys.executable``, a process limit, a child that cannot import
+  ``cryptography``), validation runs in this process from then on, and one WARNING says why.
+* A child that takes longer than :data:`~tlsreload_plugins.validate_child.ITEM_WAIT` over one identity (a
+  hostile file) is killed: that identity is refused, its files named, and a new child judges the rest.
+
+Cost: a child takes 0.2 to 0.3 s and as much CPU to start and import ``cryptography`` (a loaded 2-core
+machine), then milliseconds per identity. Blocking: call it where a check runs, never on an event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .identity import InvalidIdentity, Leaf, Password, Snapshot, password_bytes, validate
+from .validate_child import ChildUnavailable, Verdict, unforeseen, validate_in_child
+
+__all__ = ["VALIDATE_ENV", "apart", "judge", "prejudged", "validate_many"]
+
+log = logging.getLogger("tlsreload_plugins.validate_apart")
+
+VALIDATE_ENV = "TLSRELOAD_VALIDATE"
+"""``process``: always validate in a child; ``inline``: always in this process; unset: in a child unless this
+process has loaded cryptography's bindings already."""
+
+_BINDINGS = "cryptography.hazmat.bindings._rust"
+
+_lock = threading.Lock()
+_fallback: str | None = None
+"""Why no child could be started (validation runs in this process since), or ``None``."""
+_bad_setting_logged = False
+_verdicts: dict[tuple[Snapshot, bytes | None], Verdict] = {}
+"""The verdicts of :func:`prejudged` blocks under way, by bytes and password."""
+
+
+def apart() -> bool:
+    """Whether validation runs in a child now (see the module's description)."""
+    global _bad_setting_logged
+    if _fallback is not None:
+        return False
+    setting = os.environ.get(VALIDATE_ENV, "").strip().lower()
+    if setting in ("process", "inline"):
+        return setting == "process"
+    if setting and not _bad_setting_logged:
+        _bad_setting_logged = True
+        log.warning("%s must be process or inline, got %r: ignored", VALIDATE_ENV, setting)
+    return _BINDINGS not in sys.modules
+
+
+def judge(snapshot: Snapshot, password: Password = None) -> Leaf:
+    """:func:`~tlsreload_plugins.identity.validate`, run where :func:`apart` says (a verdict a :func:`prejudged`
+    block found for exactly these bytes and password is taken as it is).
+
+    Raises:
+        InvalidIdentity: as ``validate`` does, with the same message; or naming the files when a child judging
+            them was stopped (:data:`~tlsreload_plugins.validate_child.ITEM_WAIT`).
+    """
+    verdict = _prejudged(snapshot, password)
+    if verdict is None:
+        if not apart():
+            return validate(snapshot, password)
+        verdict = validate_many([(snapshot, password)])[0]
+    if isinstance(verdict, InvalidIdentity):
+        raise InvalidIdentity(str(verdict), path=verdict.path)
+    return verdict
+
+
+def validate_many(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
+    """The verdict on each identity of ``items`` (bytes, key password), in order: all of them judged by one child
+    when :func:`apart`, else in this process. Blocking; never raises for what the bytes hold (an error nobody
+    foresaw is a refusal naming the files).
+
+    Example: ``validate_many([(read_files(files), None) for files in found.values()])``.
+    """
+    global _fallback
+    verdicts: list[Verdict] = []
+    if items and apart():
+        try:
+            while len(verdicts) < len(items):  # a child stopped over one identity: a new one for the rest
+                verdicts += validate_in_child(items[len(verdicts) :])
+        except ChildUnavailable as e:
+            with _lock:
+                first, _fallback = _fallback is None, _fallback or str(e)
+            if first:
+                log.warning("identities are validated in this process from now on (cryptography loaded): %s", e)
+    return verdicts + [_inline(snapshot, password) for snapshot, password in items[len(verdicts) :]]
+
+
+def _inline(snapshot: Snapshot, password: Password) -> Verdict:
+    try:
+        return validate(snapshot, password)
+    except InvalidIdentity as e:
+        return e
+    except Exception as e:  # validate lets nothing else escape: a bug, reported as the child reports it
+        return unforeseen(snapshot.files, e)
+
+
+@contextlib.contextmanager
+def prejudged(
+    items: Sequence[tuple[Snapshot, Password]], run: Callable[[Callable[[], Any]], Any] | None = None
+) -> Iterator[None]:
+    """Judge ``items`` now, in one child (:func:`validate_many`), and let :func:`judge` take those verdicts, from
+    any thread, until the block ends: for a caller about to check many identities one by one. ``run(work)``
+    runs the validation elsewhere (gevent's threadpool ``apply``: off the hub). Does nothing when validation
+    runs in this process (each is judged when asked, if at all)."""
+    if not items or not apart():
+        yield
+        return
+    keys = [_key(snapshot, password) for snapshot, password in items]
+    verdicts: list[Verdict] = run(lambda: validate_many(items)) if run is not None else validate_many(items)
+    added = []
+    with _lock:
+        for key, verdict in zip(keys, verdicts, strict=True):
+            if key is not None and key not in _verdicts:
+                _verdicts[key] = verdict
+                added.append(key)
+    try:
+        yield
+    finally:
+        with _lock:
+            for key in added:
+                _verdicts.pop(key, None)
+
+
+def _key(snapshot: Snapshot, password: Password) -> tuple[Snapshot, bytes | None] | None:
+    try:
+        return snapshot, password_bytes(password)
+    except Exception:  # an unreadable password file: judged when asked
+        return None
+
+
+def _prejudged(snapshot: Snapshot, password: Password) -> Verdict | None:
+    if not _verdicts:
+        return None
+    key = _key(snapshot, password)
+    with _lock:
+        return _verdicts.get(key) if key is not None else None

@@ -46,6 +46,10 @@ ITEM_WAIT = 10.0
 """Seconds a child may take over one identity (milliseconds: validation is linear in the files' size) before it
 is killed and that identity refused."""
 
+BATCH_PAUSE = 0.005
+"""Seconds the parent waits after reading verdicts of a batch not yet complete, so that it reads several at once
+(the child writes each as soon as it has it, so that a stall is charged to the identity that caused it)."""
+
 Verdict = Leaf | InvalidIdentity
 """What validation finds for one identity."""
 
@@ -203,6 +207,7 @@ class _Talk:
             poller.register(fd, _select_flag("POLLIN"))
         deadline = time.monotonic() + start_wait
         ended = False
+        pause = _original("time", "sleep")
         while len(self.verdicts) < self.count and not ended:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -218,6 +223,8 @@ class _Talk:
                     ended = not self._read()
                     if (len(self.verdicts), self.ready) != before:
                         deadline = time.monotonic() + item_wait
+                        if self.ready and 0 < len(self.verdicts) < self.count:
+                            pause(BATCH_PAUSE)  # a batch: let verdicts gather rather than wake for each line
         if len(self.verdicts) == self.count:
             self.reap(kill=False)
             return self.verdicts

@@ -1,5 +1,11 @@
-"""A server that builds its TLS context from a configuration object (its settings as attributes): its files,
-its recipes, and its start.
+"""How servers build their TLS context, as recipes: the plain server context, and a server's own builder
+over its configuration object, aimed at other files.
+
+* :func:`server_context`: the context most servers build from their settings, with the key's password
+  (for a server whose own factory takes none, and for glue that only needs OpenSSL's verdict).
+* A server configured by an object (its settings as attributes): its files (:func:`config_files`), its
+  recipes (:func:`config_recipes`), its reloader (:func:`start_from_config`) and its check at start
+  (:func:`check_config_at_start`).
 
 A recipe must build with the server's own code, so that its ciphers, ALPN, verify mode and options apply on
 every reload; aimed at other files (an SNI identity, the last good identity), it builds from a copy of the
@@ -12,19 +18,48 @@ from __future__ import annotations
 
 import copy
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from .files import Password, TLSFiles, password_text
 from .lastgood import RecipeFor, SharedStore
 from .reloader import Recipe, Reloader
-from .serving import CannotServe, Settings, Waiting, start_reloader
+from .serving import CannotServe, Settings, Waiting, check_at_start, start_reloader
 from .settings import resolve_password
-from .startup import check_in_parent
 
-__all__ = ["check_config_in_parent", "config_files", "config_recipes", "start_from_config"]
+__all__ = ["check_config_at_start", "config_files", "config_recipes", "server_context", "start_from_config"]
 
 C = TypeVar("C")
+
+
+def server_context(
+    files: TLSFiles,
+    password: Password = None,
+    *,
+    verify_mode: ssl.VerifyMode | int | None = None,
+    ciphers: str | None = None,
+    alpn: Sequence[str] | None = None,
+) -> ssl.SSLContext:
+    """``ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)`` holding the chain and key of ``files`` (the key
+    opened with ``password``) and their client-CA bundle, then ``verify_mode``, ``ciphers`` and the ``alpn``
+    protocols, each where given.
+
+    Raises:
+        ssl.SSLError, OSError, ValueError: as :meth:`ssl.SSLContext.load_cert_chain` and the setters raise them.
+
+    Example: ``server_context(files, password, verify_mode=ssl.CERT_REQUIRED, alpn=["h2", "http/1.1"])``.
+    """
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(files.certfile, files.keyfile, password)
+    if files.ca_certs:
+        context.load_verify_locations(files.ca_certs)
+    if verify_mode is not None:
+        context.verify_mode = ssl.VerifyMode(verify_mode)
+    if ciphers:
+        context.set_ciphers(ciphers)
+    if alpn:
+        context.set_alpn_protocols(alpn)
+    return context
 
 
 def config_files(config: object, names: tuple[str, str, str, str]) -> TLSFiles:
@@ -114,25 +149,25 @@ def start_from_config(
     return start_reloader(files, recipe, recipe_for, password=password, settings=settings, store=store, waiting=waiting)
 
 
-def check_config_in_parent(
+def check_config_at_start(
     config: C,
     build: Callable[[C], ssl.SSLContext],
     *,
     names: tuple[str, str, str, str],
     settings: Settings,
     store: SharedStore,
-    spawns: bool,
+    spawns: bool = False,
 ) -> None:
-    """:func:`~tlsreload_plugins.startup.check_in_parent` for the files ``config`` names, with its recipe and key
-    password (arguments as for :func:`config_recipes` and ``check_in_parent``).
+    """:func:`~tlsreload_plugins.serving.check_at_start` for the files ``config`` names, with its recipe and key
+    password (arguments as for :func:`config_recipes` and ``check_at_start``).
 
     Raises:
         CannotServe: a setting or the files are not usable.
 
     Example::
 
-        check_config_in_parent(config, build, names=names, settings=settings, store=SharedStore(), spawns=True)
+        check_config_at_start(config, build, names=names, settings=settings, store=SharedStore(), spawns=True)
     """
     password = resolve_password(getattr(config, names[3]))
     recipe, _ = config_recipes(config, build, names=names, password=password)
-    check_in_parent(config_files(config, names), recipe, password, settings, store, spawns=spawns)
+    check_at_start(config_files(config, names), recipe, password, settings, store, spawns=spawns)

@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .drivers import AsyncioDriver, TrioDriver
+from .drivers import AsyncioDriver, ThreadDriver, TrioDriver
 from .reloader import Reloader
 
 __all__ = [
@@ -45,7 +45,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _LIFESPAN_ENDS = frozenset({"lifespan.startup.failed", "lifespan.shutdown.complete", "lifespan.shutdown.failed"})
 
-_drivers: dict[Reloader, AsyncioDriver | TrioDriver | None] = {}
+_drivers: dict[Reloader, AsyncioDriver | TrioDriver | ThreadDriver | None] = {}
 """This process's registered reloaders, each with the driver that checks it (``None`` while nothing does)."""
 
 _said_nothing_to_reload = False
@@ -59,7 +59,7 @@ route_logs: Callable[[], object] = _no_routing
 """Called before a lifespan claims the reloaders: the server's glue sets it to show our lines in its log."""
 
 
-def register(reloader: Reloader, driver: AsyncioDriver | TrioDriver | None = None) -> None:
+def register(reloader: Reloader, driver: AsyncioDriver | TrioDriver | ThreadDriver | None = None) -> None:
     """Register ``reloader`` (made where the server builds its context) for a lifespan to check; with the
     ``driver`` that checks it already, only to list it in :func:`reloaders`."""
     _drivers[reloader] = driver

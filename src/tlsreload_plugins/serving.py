@@ -5,7 +5,8 @@ configured, where its context is built (its *recipe*) and its worker lifecycle. 
 
 * :class:`Settings`: tlsreload's own settings, checked in one call (:meth:`Settings.check`).
 * :func:`check_at_start`: before a server binds or starts workers, decide as the first reload
-  would whether the files and settings can serve, and keep the identity in the last good store.
+  would whether the files and settings can serve, and keep the identity in the last good store
+  (current for workers spawned later; every SNI identity judged once for workers forked later).
 * :func:`start_reloader`: the one place glue makes a :class:`~tlsreload_plugins.Reloader`: from
   the files, else from the last good identity; a worker the server restarts while nothing valid
   exists waits for usable files (:func:`wait_until_usable`, the package's one waiting loop)
@@ -13,43 +14,40 @@ configured, where its context is built (its *recipe*) and its worker lifecycle. 
   metrics (:func:`equip`).
 
 Everything that cannot serve raises :class:`CannotServe` with one sentence; the glue turns it
-into the server's own start-up failure (an exit status, a halt).
+into the server's own failed start (:func:`exit_if_cannot_serve`: an exit status, a halt). A
+server's worker processes: :mod:`tlsreload_plugins.workers`; a server configured by an object:
+:mod:`tlsreload_plugins.configured`; a drop-in command's options: :mod:`tlsreload_plugins.tls_options`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from . import metrics, sni
-from .drivers import ThreadDriver
-from .identity import Password, ReloadError, TLSFiles
+from .errors import ReloadError
+from .files import Password, TLSFiles
 from .lastgood import LastGood, RecipeFor, SharedStore, keep_all_valid, keep_newest_valid
-from .reloader import INTERVAL_ENV, Recipe, Reloader, load_identity, resolve_expiry_warning_days, resolve_interval
-
-if TYPE_CHECKING:  # a drop-in command's: its workers, which import this module too, have no use for it
-    import argparse
+from .reloader import Recipe, Reloader, load_identity
+from .settings import resolve_expiry_warning_days, resolve_interval
 
 __all__ = [
     "BOOT_ATTEMPTS",
-    "OPTION_HELP",
     "RETRY_DELAY",
     "CannotServe",
     "Settings",
     "Waiting",
-    "add_options",
     "check_at_start",
     "equip",
-    "keep_for_workers",
-    "run_here",
-    "running_here",
-    "stop_here",
+    "exit_if_cannot_serve",
     "retry_at_start",
     "start_reloader",
     "wait_until_usable",
@@ -72,29 +70,33 @@ POLL = 0.1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
-OPTION_HELP = {
-    "--tls-reload-interval": "Seconds between checks of the TLS certificate files. "
-    f"Defaults to ${INTERVAL_ENV}, else 1.",
-    "--tls-sni": "A directory of more TLS identities, chosen by server name (SNI): a Kubernetes TLS Secret or "
-    f"certbot lineage, or a directory of them. Repeatable. Defaults to ${sni.SNI_ENV}.",
-    "--tls-metrics": "Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
-    f"Defaults to ${metrics.METRICS_ENV}.",
-}
-"""The options every drop-in command adds to its server's own, with their help."""
-
-
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """Add the :data:`OPTION_HELP` options to an argparse command line, as a group "tlsreload options":
-    ``tls_reload_interval`` (float or None), ``tls_sni`` (list or None), ``tls_metrics`` (True or None)."""
-    group = parser.add_argument_group("tlsreload options")
-    help_of = OPTION_HELP
-    group.add_argument("--tls-reload-interval", type=float, metavar="SECONDS", help=help_of["--tls-reload-interval"])
-    group.add_argument("--tls-sni", action="append", metavar="DIR", help=help_of["--tls-sni"])
-    group.add_argument("--tls-metrics", action="store_true", default=None, help=help_of["--tls-metrics"])
-
-
 class CannotServe(Exception):
     """The files or settings cannot serve TLS; ``str()`` is the one line to show the operator."""
+
+
+@contextlib.contextmanager
+def exit_if_cannot_serve(stop: int | Callable[[], NoReturn]) -> Iterator[None]:
+    """Stop the server as it stops on a failed start when the block cannot serve TLS: one ERROR line (the
+    sentence of the :class:`CannotServe`; for a ``ValueError``, a bad setting, prefixed ``cannot serve TLS:``),
+    then ``stop``: the server's exit status (``sys.exit(stop)``), or its own way to stop (gunicorn's arbiter
+    halts, which exits too).
+
+    Raises:
+        SystemExit: in place of the ``CannotServe`` or ``ValueError``.
+
+    Example::
+
+        with exit_if_cannot_serve(STARTUP_FAILURE):
+            check_at_start(files, recipe, password, settings, store)
+    """
+    try:
+        yield
+    except (CannotServe, ValueError) as e:
+        log.error("%s", e if isinstance(e, CannotServe) else f"cannot serve TLS: {e}")
+        if callable(stop):
+            stop()
+        else:
+            sys.exit(stop)
 
 
 @dataclass(frozen=True)
@@ -111,9 +113,26 @@ class Settings:
     sni: Sequence[str] | str | None = None
     metrics: bool | None = None
 
-    def check(self) -> None:
-        """Raise :class:`ValueError` naming the first setting (or environment variable) that is not usable."""
-        resolve_interval(self.interval)
+    def check(self, *, as_options: bool = False) -> None:
+        """Raise :class:`ValueError` naming the first setting (or environment variable) that is not usable.
+
+        ``as_options``: the settings are a drop-in command's ``--tls-*`` options
+        (:mod:`~tlsreload_plugins.tls_options`): a bad interval is named ``--tls-reload-interval``, as the
+        command's usage error (exit 2) names any other option.
+
+        Example::
+
+            try:
+                Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics).check(as_options=True)
+            except ValueError as e:
+                parser.error(str(e))
+        """
+        try:
+            resolve_interval(self.interval)
+        except ValueError as e:
+            if as_options and self.interval is not None:
+                raise ValueError(f"argument --tls-reload-interval: {e}") from e
+            raise
         resolve_expiry_warning_days()
         metrics.wanted(self.metrics)
         sni.resolve_directories(self.sni)
@@ -195,15 +214,37 @@ def wait_until_usable(
 
 
 def check_at_start(
-    files: TLSFiles, recipe: Recipe, password: Password, settings: Settings, store: SharedStore, *, forks: bool = False
+    files: TLSFiles,
+    recipe: Recipe,
+    password: Password,
+    settings: Settings,
+    store: SharedStore,
+    *,
+    forks: bool = False,
+    spawns: bool = False,
 ) -> None:
     """Decide, as the first reload would, whether ``files`` and ``settings`` can serve; keep the identity in
-    ``store`` for the workers. For a server's parent, before it binds or starts workers. ``forks``: the parent
-    forks its workers (and runs no thread to keep the store current): validate every SNI identity here too,
-    once, so that no worker parses them all again (:func:`~tlsreload_plugins.lastgood.keep_all_valid`).
+    ``store`` for the workers. For a server's parent, before it binds or starts workers.
+
+    Args:
+        files, recipe, password, settings: as :func:`start_reloader`.
+        store: the server's last good store, which its workers get.
+        forks: the parent forks its workers (and runs no thread to keep ``store`` current): judge every SNI
+            identity here too, once, so that no worker parses them all again
+            (:func:`~tlsreload_plugins.lastgood.keep_all_valid`).
+        spawns: the parent starts workers, now or later (``--workers``, ``--reload``, SIGHUP), that get
+            ``store`` with their configuration: keep it holding the newest valid identity of ``files`` and of
+            every SNI identity, checked every interval in a thread
+            (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`), so that each worker takes its verdicts
+            instead of loading ``cryptography`` to parse the files itself.
 
     Raises:
         CannotServe: a setting or the files are not usable (after :data:`BOOT_ATTEMPTS` reads).
+
+    Example::
+
+        with exit_if_cannot_serve(STARTUP_FAILURE):
+            check_at_start(files, recipe, password, settings, store, spawns=workers > 1)
     """
     try:
         settings.check()
@@ -214,6 +255,9 @@ def check_at_start(
     directories = sni.resolve_directories(settings.sni)
     if forks and directories:
         keep_all_valid(sni.discover(directories, files.ca_certs), password, store)
+    if spawns:
+        interval = resolve_interval(settings.interval)
+        keep_newest_valid(sni.every_identity(files, settings.sni), password, store, interval)
 
 
 def start_reloader(
@@ -302,47 +346,3 @@ def equip(reloader: Reloader, settings: Settings, recipe_for: RecipeFor, *, work
         if not worker:
             raise CannotServe(f"cannot serve TLS: {e}") from e
         log.error("worker %s serves no SNI identities: %s", os.getpid(), e)
-
-
-def keep_for_workers(files: TLSFiles, password: Password, settings: Settings, store: SharedStore) -> None:
-    """For the parent of a server that spawns its workers, before it starts them: keep ``store`` holding
-    the newest valid identity of ``files`` and of every SNI identity, checked every interval in a thread
-    (:func:`~tlsreload_plugins.lastgood.keep_newest_valid`). Each worker, started now or later, takes its
-    verdicts instead of loading ``cryptography`` to parse the files itself."""
-    keep_newest_valid(sni.every_identity(files, settings.sni), password, store, resolve_interval(settings.interval))
-
-
-@dataclass(frozen=True)
-class _Here:
-    pid: int
-    reloader: Reloader
-    driver: ThreadDriver
-
-
-_here: _Here | None = None
-"""The reloader this process serves with, for servers whose workers are forked: keyed by pid, so that a
-forked child never takes its parent's for its own."""
-
-
-def run_here(reloader: Reloader) -> Reloader:
-    """Check ``reloader`` in a :class:`~tlsreload_plugins.ThreadDriver` (a greenlet under gevent) as this
-    process's reloader, until :func:`stop_here`; returns it. For a forked worker's set-up hook."""
-    global _here
-    _here = _Here(os.getpid(), reloader, ThreadDriver(reloader).start())
-    return reloader
-
-
-def running_here() -> Reloader | None:
-    """This process's reloader (see :func:`run_here`); ``None`` before, after :func:`stop_here`, or in
-    a process forked from the one that set it."""
-    here = _here
-    return here.reloader if here is not None and here.pid == os.getpid() else None
-
-
-def stop_here() -> None:
-    """Stop checking this process's reloader (a worker's exit hook); does nothing where none runs."""
-    global _here
-    here = _here
-    if here is not None and here.pid == os.getpid():
-        _here = None
-        here.driver.stop()

@@ -14,6 +14,7 @@ reloader in ``post_worker_init`` (after gevent's patching) and stops it in ``wor
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import logging
 import os
@@ -24,14 +25,14 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 from .. import logs
-from ..contexts import server_context
-from ..forked import glue_for, serve_in_worker
-from ..forked import reloaders_here as reloaders
+from ..configured import server_context
+from ..files import Password, TLSFiles
 from ..hooks import Aside, after, before, imported_again_on, made_by, option_value
-from ..identity import Password, TLSFiles
 from ..lastgood import RecipeFor, SharedStore
 from ..reloader import Recipe, Reloader, resolve_password
-from ..serving import CannotServe, Settings, check_at_start, running_here, stop_here
+from ..serving import CannotServe, Settings, check_at_start, exit_if_cannot_serve
+from ..workers import glue_for, running_here, serve_in_worker, stop_here
+from ..workers import reloaders_here as reloaders
 
 __all__ = ["add_reload", "reload_hooks", "reloaders", "worker_reloader"]
 
@@ -197,7 +198,8 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
     if not cfg.is_ssl:
         log.warning("no --certfile given: serving without TLS, nothing to reload")
         return
-    try:
+    reason = "the TLS certificate files or settings are not usable"
+    with exit_if_cannot_serve(functools.partial(arbiter.halt, reason=reason, exit_status=STARTUP_FAILURE)):
         if not cfg.certfile:
             raise CannotServe(
                 f"cannot serve TLS: --keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
@@ -209,9 +211,6 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
             other_server.prepare_gunicorn_worker_class(cfg.worker_class, cfg.worker_class_str)
         _last_good = _last_good or SharedStore()
         check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, _last_good, forks=True)
-    except (CannotServe, ValueError) as e:
-        log.error("%s", e if isinstance(e, CannotServe) else f"cannot serve TLS: {e}")
-        arbiter.halt(reason="the TLS certificate files or settings are not usable", exit_status=STARTUP_FAILURE)
 
 
 def _files(cfg: Any) -> TLSFiles:

@@ -29,14 +29,15 @@ from typing import Any
 from hypercorn.config import Config
 
 from .. import logs
-from ..configured import check_config_in_parent, start_from_config
+from ..configured import check_config_at_start, start_from_config
 from ..drivers import check_from_running_loop
 from ..identity import InvalidIdentity
 from ..lastgood import SharedStore
 from ..lifespan import register, reloaders
-from ..serving import CannotServe, Settings, add_options
+from ..serving import CannotServe, Settings, exit_if_cannot_serve
 from ..settings import resolve_interval
-from ..startup import exit_if_cannot_serve, usage_problem, waiting_in_spawned_worker
+from ..tls_options import add_options
+from ..workers import waiting_in_spawned_worker
 
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
 
@@ -129,7 +130,7 @@ class ReloadingConfig(Config):
         with exit_if_cannot_serve(STARTUP_FAILURE):
             self._refuse_quic()
             settings, store = self._settings(), self._last_good()
-            check_config_in_parent(self, _hypercorn_context, names=NAMES, settings=settings, store=store, spawns=spawns)
+            check_config_at_start(self, _hypercorn_context, names=NAMES, settings=settings, store=store, spawns=spawns)
 
     def _settings(self) -> Settings:
         return Settings(self.tls_reload_interval, self.tls_sni, self.tls_metrics)
@@ -203,9 +204,10 @@ def main(args: Sequence[str] | None = None) -> None:
         finally:
             parser.print_help()
     settings = Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics)
-    problem = usage_problem(settings)
-    if problem is not None:
-        parser.error(problem)
+    try:
+        settings.check(as_options=True)
+    except ValueError as e:
+        parser.error(str(e))
     # hypercorn's command parses its options into a Config and hands it to the module global
     # `run`: run that very command with ours in its place, so every option keeps its meaning.
     with exit_if_cannot_serve(STARTUP_FAILURE):

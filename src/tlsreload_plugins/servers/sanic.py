@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import ssl
-import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 try:
     from sanic import Sanic
@@ -32,9 +31,11 @@ from tlsreload_plugins.examine import FIXED_SETTINGS
 from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood import SharedStore
+from tlsreload_plugins.lifespan import register, reloaders
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving import CannotServe, Settings, Waiting, check_at_start, keep_for_workers, start_reloader
+from tlsreload_plugins.serving import CannotServe, Settings, check_at_start, exit_if_cannot_serve, start_reloader
 from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.workers import waiting_in_spawned_worker
 
 __all__ = ["STARTUP_FAILURE", "STORES", "ReloadingCertLoader", "reload_certificates", "reloaders"]
 
@@ -49,13 +50,6 @@ STORES = "tlsreload_last_good"
 Entry = dict[str, Any]  # one certificate's settings as Sanic keeps them: cert, key, password, names (ca_certs: ours)
 
 _settings: dict[str, Settings] = {}  # by app name: a worker imports the app's module, which gives them again
-
-_reloaders: list[Reloader] = []
-
-
-def reloaders() -> list[Reloader]:
-    """The reloaders serving TLS in this process (one per certificate)."""
-    return list(_reloaders)
 
 
 def reload_certificates(
@@ -101,7 +95,7 @@ class ReloadingCertLoader(CertLoader):
             return super().load(app)  # type: ignore[no-any-return]
         _route_logs()
         stores: list[SharedStore] | None = getattr(app.shared_ctx, STORES, None)
-        try:
+        with exit_if_cannot_serve(STARTUP_FAILURE):
             found = _identities(self.tls_data)
             if found is None:
                 return None
@@ -110,11 +104,8 @@ class ReloadingCertLoader(CertLoader):
             _refuse_sni_beside_a_list(settings, strict or len(entries) > 1)
             made = [_reloader(entry, settings, stores[i] if stores else None) for i, entry in enumerate(entries)]
             context = made[0].context if len(made) == 1 and not strict else _selector(made, strict)
-        except CannotServe as e:
-            _startup_failure(str(e))
         for reloader in made:
-            ThreadDriver(reloader).start()
-            _reloaders.append(reloader)
+            register(reloader, ThreadDriver(reloader).start())
         return context
 
 
@@ -122,11 +113,12 @@ def _before_workers(app: Sanic[Any, Any]) -> None:
     """In Sanic's main process, before its workers start: check each certificate, keep it for the workers, and
     hand them its settings (and the stores, with ``app.shared_ctx``) in a form that pickles."""
     _route_logs()
-    try:  # Sanic's internal: it passes these settings to each worker it starts
-        server: dict[str, Any] = app.state.server_info[0].settings
-    except (AttributeError, IndexError) as e:
-        _startup_failure(f"tlsreload cannot find the settings this Sanic hands its workers (state.server_info): {e!r}")
-    try:
+    with exit_if_cannot_serve(STARTUP_FAILURE):
+        try:  # Sanic's internal: it passes these settings to each worker it starts
+            server: dict[str, Any] = app.state.server_info[0].settings
+        except (AttributeError, IndexError) as e:
+            where = "the settings this Sanic hands its workers (state.server_info)"
+            raise CannotServe(f"tlsreload cannot find {where}: {e!r}") from e
         found = _identities(server.get("ssl"))
         if found is None:
             log.warning("no certificate given to Sanic: serving without TLS, nothing to reload")
@@ -137,8 +129,6 @@ def _before_workers(app: Sanic[Any, Any]) -> None:
         settings = _settings.get(app.name, Settings())
         _refuse_sni_beside_a_list(settings, strict or len(entries) > 1)
         stores = [_kept_for_workers(entry, settings) for entry in entries]
-    except CannotServe as e:
-        _startup_failure(str(e))
     server["ssl"] = [None, *entries] if strict else entries if len(entries) > 1 else entries[0]
     # Sanic warns of any object in shared_ctx that is not multiprocessing's or ctypes': a SharedStore is made
     # to travel to spawned processes (its memory is a memfd, passed as Sanic passes its sockets).
@@ -148,8 +138,7 @@ def _before_workers(app: Sanic[Any, Any]) -> None:
 def _kept_for_workers(entry: Entry, settings: Settings) -> SharedStore:
     """A store holding ``entry``'s identity, checked now and kept current for the workers."""
     files, password, store = _files(entry), resolve_password(entry.get("password")), SharedStore()
-    check_at_start(files, lambda: _sanic_context(entry, files, password), password, settings, store)
-    keep_for_workers(files, password, settings, store)
+    check_at_start(files, lambda: _sanic_context(entry, files, password), password, settings, store, spawns=True)
     return store
 
 
@@ -187,10 +176,7 @@ def _entry(sanic: Entry) -> Entry:
 
 
 def _refuse_sni_beside_a_list(settings: Settings, several: bool) -> None:
-    try:
-        directories = sni.resolve_directories(settings.sni) if several else []
-    except ValueError as e:
-        raise CannotServe(f"cannot serve TLS: {e}") from e
+    directories = sni.resolve_directories(settings.sni) if several else []  # ValueError: a bad setting
     if directories:  # SNI routing is the reloader's own context's, which a list of certificates never serves
         raise CannotServe(f"cannot serve TLS: put the identities of {', '.join(directories)} in Sanic's list instead")
 
@@ -214,7 +200,6 @@ def _reloader(entry: Entry, settings: Settings, store: SharedStore | None) -> Re
     files, password = _files(entry), resolve_password(entry.get("password"))
     # A worker Sanic restarts while nothing valid exists waits for usable files; Sanic stops a worker with
     # SIGTERM (a restart) or SIGINT (shutdown).
-    waiting = Waiting(leave=lambda: sys.exit(0))
     return start_reloader(
         files,
         lambda: _sanic_context(entry, files, password),
@@ -222,7 +207,7 @@ def _reloader(entry: Entry, settings: Settings, store: SharedStore | None) -> Re
         password=password,
         settings=settings,
         store=store,
-        waiting=waiting if store is not None else None,
+        waiting=waiting_in_spawned_worker() if store is not None else None,
     )
 
 
@@ -236,10 +221,8 @@ class _Selector(CertSelector):
 def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
     """Sanic's ``CertSelector`` over the newest context of each reloader, following each reload. A connection
     keeps its first context's protocol bounds, options and verify mode: the first certificate's, here."""
-    try:
-        selector = _Selector([None] * strict + [reloader.newest_context for reloader in made])
-    except ValueError as e:
-        raise CannotServe(f"cannot serve TLS: {e}") from e
+    # Sanic raises ValueError for a certificate with no names to select it by: a failed start, one line.
+    selector = _Selector([None] * strict + [reloader.newest_context for reloader in made])
     for setting in FIXED_SETTINGS:
         setattr(selector, setting, getattr(made[0].newest_context, setting))
     for index, reloader in enumerate(made):
@@ -255,8 +238,3 @@ def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
 
 def _route_logs() -> None:
     logs.forward_to(logging.getLogger("sanic.error"))
-
-
-def _startup_failure(message: str) -> NoReturn:
-    log.error("%s", message)
-    sys.exit(STARTUP_FAILURE)

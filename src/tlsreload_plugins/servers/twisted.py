@@ -42,6 +42,7 @@ from .. import sni
 from ..drivers import ThreadDriver
 from ..files import Password, TLSFiles, password_bytes, password_file, read_files
 from ..lastgood import RecipeFor, in_memory_files
+from ..lifespan import register, reloaders
 from ..reloader import Reloader
 from ..serving import CannotServe, Settings, start_reloader
 from ..settings import resolve_password
@@ -59,12 +60,6 @@ _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE----
 
 _options: weakref.WeakKeyDictionary[ssl.SSLContext, Any] = weakref.WeakKeyDictionary()
 """The ``CertificateOptions`` built beside each ``ssl.SSLContext`` a recipe returned (kept while the context lives)."""
-_reloaders: list[Reloader] = []
-
-
-def reloaders() -> list[Reloader]:
-    """The reloaders of the ``tlsreload:`` endpoints made in this process (health checks, metrics)."""
-    return list(_reloaders)
 
 
 def _ssl_parser() -> Any:
@@ -218,8 +213,8 @@ def reloading_endpoint(reactor: Any, *args: str, **kwargs: str) -> Any:
     except CannotServe as e:  # what daphne and twistd can do with it: stop, with one line
         raise SystemExit(f"tlsreload: {e}") from None
     default.append(reloader)
-    _reloaders.append(reloader)
     driver = ThreadDriver(reloader)
+    register(reloader, driver)  # listed in reloaders()
     reactor.callWhenRunning(driver.start)  # after twistd daemonizes: a thread does not survive its fork
     reactor.addSystemEventTrigger("before", "shutdown", driver.stop)
     ssl_endpoint: Any = endpoints.SSL4ServerEndpoint  # the ssl: endpoint's own class (untyped in Twisted)

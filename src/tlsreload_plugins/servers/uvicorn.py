@@ -20,13 +20,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import lifespan, logs
-from ..configured import check_config_in_parent, config_recipes, start_from_config
+from ..configured import check_config_at_start, config_recipes, start_from_config
 from ..lastgood import SharedStore
 from ..lifespan import TLSReloadLifespan, reloaders, reloading_certificates
 from ..reloader import Recipe, Reloader
-from ..serving import Settings
+from ..serving import Settings, exit_if_cannot_serve
 from ..settings import resolve_password
-from ..startup import exit_if_cannot_serve, usage_problem, waiting_in_spawned_worker, with_tls_options
+from ..tls_options import with_tls_options
+from ..workers import waiting_in_spawned_worker
 
 if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so that a missing extra is one
     import uvicorn  # clear line, not a ModuleNotFoundError from this module's import
@@ -195,9 +196,10 @@ def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metric
     config = uvicorn.Config(kwargs["app"], **{name: kwargs[name] for name in names if name in kwargs})
     route_logs()
     settings = Settings(tls_reload_interval, tls_sni or None, tls_metrics or None)
-    problem = usage_problem(settings)
-    if problem is not None:
-        raise click.UsageError(problem)
+    try:
+        settings.check(as_options=True)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
     if not options.get("ssl_certfile"):
         log.warning("no --ssl-certfile given: serving without TLS, nothing to reload")
         uvicorn.run(**kwargs)
@@ -205,7 +207,7 @@ def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metric
     store, workers = SharedStore(), kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     spawns = workers > 1 or bool(kwargs.get("reload"))  # a supervisor that starts serving processes later
     with exit_if_cannot_serve(STARTUP_FAILURE):
-        check_config_in_parent(config, _uvicorn_context, names=NAMES, settings=settings, store=store, spawns=spawns)
+        check_config_at_start(config, _uvicorn_context, names=NAMES, settings=settings, store=store, spawns=spawns)
     factory = functools.partial(_context, settings=settings, last_good=store)
     uvicorn.run(**kwargs, ssl_context_factory=factory)
 

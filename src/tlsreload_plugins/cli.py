@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import ssl
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from . import __version__, demo, watch
+from .configured import server_context
 from .identity import InvalidIdentity, Leaf, TLSFiles, password_file
 from .reloader import PASSWORD_FILE_ENV, load_identity
 from .sni_discovery import discover, resolve_directories
@@ -52,15 +52,7 @@ def check_files(files: TLSFiles, password: bytes | None = None) -> Leaf:
     Raises :class:`InvalidIdentity` with the reason when a reloader would refuse the files,
     including anything only OpenSSL rejects (a key too weak for the default security level, say).
     """
-
-    def recipe() -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(files.certfile, files.keyfile, password)
-        if files.ca_certs:
-            context.load_verify_locations(files.ca_certs)
-        return context
-
-    _, leaf, _ = load_identity(files, recipe, password)
+    _, leaf, _ = load_identity(files, lambda: server_context(files, password), password)
     return leaf
 
 

@@ -23,8 +23,9 @@ from types import TracebackType
 from . import identity
 from . import metrics as prometheus
 from . import sni as sni_identities
+from .configured import server_context
 from .drivers import ThreadDriver
-from .identity import TLSFiles
+from .files import TLSFiles
 from .lastgood import RecipeFor
 from .reloader import Reloader, Status
 from .settings import resolve_password
@@ -152,13 +153,8 @@ def fresh_context(
     export_metrics = prometheus.wanted(metrics)  # a bad setting fails before anything is read
     password = resolve_password(identity.password_file(password_file) if password_file else None)
 
-    def default_recipe(files: TLSFiles) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(files.certfile, files.keyfile, password)
-        if files.ca_certs:  # a client-CA bundle given to a server: mutual TLS
-            context.load_verify_locations(files.ca_certs)
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
+    def default_recipe(files: TLSFiles) -> ssl.SSLContext:  # a client-CA bundle given to a server: mutual TLS
+        return server_context(files, password, verify_mode=ssl.CERT_REQUIRED if files.ca_certs else None)
 
     recipe_for = recipe or default_recipe
     files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)

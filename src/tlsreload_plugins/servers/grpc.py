@@ -18,10 +18,10 @@ the client-CA bundle.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
-import ssl
 import threading
 from collections.abc import Sequence
 from types import TracebackType
@@ -34,9 +34,10 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
     ) from e
 
 from .. import identity, sni
+from ..configured import server_context
 from ..drivers import ThreadDriver
 from ..files import Password, TLSFiles, password_bytes
-from ..lastgood import LastGood, RecipeFor, SharedStore
+from ..lastgood import LastGood, SharedStore
 from ..reloader import Outcome, Reloader, Status, load_identity
 from ..serving import Settings, equip, retry_at_start
 from ..settings import resolve_password
@@ -202,7 +203,7 @@ def server_credentials(
         raise ValueError("require_client_auth needs ca_certs: the CAs client certificates are verified against")
     password = resolve_password(identity.password_file(password_file) if password_file else None)
     files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(ca_certs) if ca_certs else None)
-    recipe_for = _recipe(password)
+    recipe_for = functools.partial(server_context, password=password)  # OpenSSL's verdict on files, never served
     store = SharedStore()  # this process's own: what each reloader validated and serves, as bytes
     snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, lambda: recipe_for(files), password))
     store.write(snapshot, leaf=leaf)
@@ -222,19 +223,6 @@ def server_credentials(
         _open[reloader] = os.getpid()
     credentials._driver.start()
     return credentials
-
-
-def _recipe(password: Password) -> RecipeFor:
-    """OpenSSL's verdict on the files: a plain server context loading them as ``ssl`` does (never served)."""
-
-    def plain_context(files: TLSFiles) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(files.certfile, files.keyfile, password)
-        if files.ca_certs:
-            context.load_verify_locations(files.ca_certs)
-        return context
-
-    return plain_context
 
 
 def _served(reloader: Reloader, store: SharedStore) -> list[tuple[str, Parts]]:

@@ -31,6 +31,7 @@ from tlstest import (
     Server,
     client_context,
     free_port,
+    handshake,
     issue,
     run_server,
     serial_of,
@@ -301,6 +302,34 @@ def test_encrypted_key_with_password_reloads(ca: trustme.CA, tmp_path: Path) -> 
         out = stop_cleanly(server, signal.SIGINT, FAILED)
     assert "wrong password" in lines_with(out, FAILED)[0]
     assert "s3cret" not in out
+
+
+def test_an_sni_identity_negotiates_the_alpn_of_uvicorns_own_context(ca: trustme.CA, tmp_path: Path) -> None:
+    """uvicorn's default factory sets the ALPN protocols of its HTTP protocol class; the context built for an
+    SNI identity (and for the last good identity) is built the same way, with them."""
+    layout, named = KubeletLayout(tmp_path / "tls"), KubeletLayout(tmp_path / "sni" / "other")
+    first, other = issue(ca), issue(ca, "other.test")
+    layout.install(first)
+    named.install(other)
+    port = free_port()
+    ctx = client_context(ca)
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+
+    def negotiated(server_name: str) -> tuple[str, str | None]:
+        with handshake(port, ctx, server_name=server_name) as tls:
+            der = tls.getpeercert(binary_form=True)
+            assert der is not None
+            return serial_of(der), tls.selected_alpn_protocol()
+
+    args = drop_in(port, layout, "--http", "uvicorn_apps:H11WithALPN", "--tls-sni", str(tmp_path / "sni"))
+    with start(args, tmp_path, port) as server:
+        wait_for_serial(port, ctx, first.serial, DEADLINE)
+        default_serial, default_alpn = negotiated("localhost")
+        sni_serial, sni_alpn = negotiated("other.test")
+        stop_cleanly(server, signal.SIGTERM)
+    assert (default_serial, sni_serial) == (first.serial, other.serial)
+    assert default_alpn == "http/1.1"  # uvicorn's own context: the protocol class's
+    assert sni_alpn == default_alpn
 
 
 # --- no lifespan to follow --------------------------------------------------------------------

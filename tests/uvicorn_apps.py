@@ -13,13 +13,14 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import FastAPI
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gunicorn_apps import asgi, respond_pid
 from tlsreload_plugins.uvicorn import TLSReloadLifespan
@@ -37,6 +38,13 @@ def _checking() -> bool:
 
 plain = asgi
 """A bare ASGI app that speaks the lifespan protocol."""
+
+
+class H11WithALPN(H11Protocol):
+    """uvicorn's h11 protocol naming its ALPN protocols, as uvicorn's HTTP/2 protocol classes do: uvicorn's default
+    factory then sets them on the context it builds (``uvicorn.config.Config.load``)."""
+
+    alpn_protocols: ClassVar[list[str]] = ["http/1.1"]
 
 
 async def no_lifespan(scope: dict[str, Any], receive: Receive, send: Send) -> None:

@@ -82,9 +82,8 @@ def _claim() -> list[AsyncioDriver]:
     if not _drivers and not _said_nothing_to_reload:
         _said_nothing_to_reload = True
         log.warning(
-            "no reloading TLS context in this process, nothing to reload: give uvicorn "
-            "ssl_context_factory=tlsreload_plugins.uvicorn.reloading_ssl_context (tlsreload-uvicorn does) "
-            "and an --ssl-certfile"
+            "no reloading TLS context in this process, nothing to reload: the server's TLS context must come "
+            "from tlsreload's glue for it (its drop-in command, or its context factory), with a certificate file"
         )
     claimed = [AsyncioDriver(reloader) for reloader, driver in _drivers.items() if driver is None]
     for driver in claimed:

@@ -103,9 +103,11 @@ NAMES = ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_keyfile_password") 
 
 
 def _uvicorn_context(config: Any) -> ssl.SSLContext:
-    """uvicorn's default factory (uvicorn/config.py, ``Config.load``) for a ``uvicorn.Config``, or a copy."""
+    """uvicorn's default factory (uvicorn/config.py, ``Config.load``) for a ``uvicorn.Config``, or a copy: with
+    the ALPN protocols of its HTTP protocol class (``load()`` sets it), where this uvicorn has them, as its own does."""
     from uvicorn.config import create_ssl_context
 
+    alpn = getattr(getattr(config, "http_protocol_class", None), "alpn_protocols", None)
     return create_ssl_context(
         keyfile=config.ssl_keyfile,
         certfile=config.ssl_certfile,
@@ -114,6 +116,7 @@ def _uvicorn_context(config: Any) -> ssl.SSLContext:
         cert_reqs=config.ssl_cert_reqs,
         ca_certs=config.ssl_ca_certs,
         ciphers=config.ssl_ciphers,
+        **({"alpn_protocols": alpn} if alpn else {}),
     )
 
 

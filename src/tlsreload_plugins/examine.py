@@ -11,6 +11,7 @@ importable from there.)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ssl
 from collections.abc import Callable
@@ -28,6 +29,12 @@ if TYPE_CHECKING:
     from .lastgood import LastGood
 
 Recipe = Callable[[], ssl.SSLContext]
+
+
+class NotJudged(InvalidIdentity):
+    """The files hold content no process of the server has judged, and a process starting now serves its last
+    good identity at once rather than wait for a validation (a child process: 0.3 s, seconds under load): its
+    first check judges them, and reports a refusal at once."""
 
 
 def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLContext:
@@ -67,12 +74,18 @@ def load_identity(
 
 
 def first_identity(
-    files: TLSFiles, recipe: Recipe, password: Password, last_good: LastGood | None, clock: Callable[[], float]
+    files: TLSFiles,
+    recipe: Recipe,
+    password: Password,
+    last_good: LastGood | None,
+    clock: Callable[[], float],
+    defer: bool = True,
 ) -> tuple[Snapshot, Leaf, ssl.SSLContext, InvalidIdentity | None]:
     """What a reloader serves first: the identity in ``files`` (:func:`load_identity`) or, when they
     cannot be used and ``last_good`` keeps one, the last good identity, judged at ``clock()``
     (:meth:`LastGood.recall <tlsreload_plugins.lastgood.LastGood.recall>`). What is served is kept
-    in ``last_good`` again. Returns it with why the files could not be used (``None``: they could).
+    in ``last_good`` again. Returns it with why the files could not be used (``None``: they could; a
+    :class:`NotJudged` when ``defer`` left content nobody had judged to the first check).
 
     Raises:
         InvalidIdentity: the files cannot be used and no last good identity is kept, or the one kept
@@ -80,8 +93,9 @@ def first_identity(
     """
     start_error: InvalidIdentity | None = None
     try:
-        judged = last_good.judged if last_good is not None else (lambda snapshot: None)
-        snapshot, leaf, live = load_identity(files, recipe, password, judged)
+        # The verdict or the refusal the server's processes found for exactly these bytes, else validation's.
+        judged = functools.partial(last_good.judge, password=password, defer=defer) if last_good else None
+        snapshot, leaf, live = load_identity(files, recipe, password, judged or (lambda snapshot: None))
     except InvalidIdentity as e:
         if last_good is None:
             raise
@@ -89,6 +103,8 @@ def first_identity(
         try:
             snapshot, leaf, live = last_good.recall(files, password, clock())
         except InvalidIdentity as why_not:
+            if isinstance(e, NotJudged):  # nothing to serve meanwhile: judge them now (a refusal names them)
+                return first_identity(files, recipe, password, last_good, clock, defer=False)
             raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
     if last_good is not None:
         last_good.remember(snapshot, leaf)
@@ -101,7 +117,7 @@ def first_verdict(
     """What an on-demand reloader serves first: :func:`first_identity` without building a context (and
     without keeping it in ``last_good``: its owner keeps many at once). The verdict ``last_good`` keeps for
     exactly these bytes is taken rather than parsing them again, and the snapshot returned then shares the
-    kept bytes.
+    kept bytes; so is the refusal it keeps for them. No keeper is asked (its owner judges thousands at once).
 
     Raises:
         InvalidIdentity: as :func:`first_identity`.
@@ -111,6 +127,9 @@ def first_verdict(
         kept = last_good.kept(snapshot) if last_good is not None else None
         if kept is not None:
             return Snapshot(files, *kept[0]), kept[1], None
+        refused = last_good.refusal(snapshot, password) if last_good is not None else None
+        if refused is not None:
+            raise refused
         return snapshot, validate_apart.judge(snapshot, password), None
     except InvalidIdentity as e:
         if last_good is None:
@@ -120,6 +139,21 @@ def first_verdict(
         except InvalidIdentity as why_not:
             raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
         return snapshot, leaf, e
+
+
+def new_content(files: TLSFiles, served: str, known_bad: Examined | None) -> Snapshot | None:
+    """What ``files`` hold when a check would validate it (neither the content ``served``, its fingerprint, nor
+    the content last found unusable, ``known_bad``), else ``None`` (unreadable too): for a caller validating many
+    identities at once ahead of their checks (:func:`~tlsreload_plugins.validate_apart.prejudged`). Blocking
+    (reads); changes nothing."""
+    try:
+        snapshot = read_files(files)
+    except InvalidIdentity:
+        return None
+    observed = fingerprint(snapshot)
+    if observed == served or (known_bad is not None and known_bad.fingerprint == observed):
+        return None
+    return snapshot
 
 
 FIXED_SETTINGS = ("minimum_version", "maximum_version", "verify_mode", "options")
@@ -152,6 +186,14 @@ class Examined:
     fixed_changes: tuple[str, ...] = ()
     password: str = ""
     """Digest of the key password the content was judged with: a new password is a new verdict."""
+    refused: InvalidIdentity | None = None
+    """Validation's refusal of the content itself (not for its dates, nor the recipe's), which the server's other
+    processes may take for the same bytes and password (:attr:`content_key`); ``None`` otherwise."""
+
+    @property
+    def content_key(self) -> str:
+        """What the verdict is on: :func:`~tlsreload_plugins.lastgood.content_key` of the content judged."""
+        return f"{self.fingerprint}:{self.password}"
 
 
 def password_digest(password: Password) -> str:
@@ -208,7 +250,8 @@ def examine_files(
     try:
         leaf = judge(snapshot)
     except InvalidIdentity as e:
-        return Examined(fingerprint=observed, error=e, password=password_digest(password))
+        refused = None if isinstance(e, validate_apart.Unjudged) else e  # a child stopped over it: no verdict
+        return Examined(fingerprint=observed, error=e, password=password_digest(password), refused=refused)
     try:
         judge_period(leaf, files, when)
     except InvalidIdentity as e:

@@ -10,6 +10,13 @@ when the files cannot be used. The store keeps one identity per name: the config
 (:data:`DEFAULT`) and each SNI identity (:mod:`tlsreload_plugins.sni`) under its own name, each
 with the leaf its validation found. Nothing touches the disk.
 
+The store also keeps, per name, the refusal validation found for the newest content it refused (its
+message and path, for exactly those bytes and that key password: :func:`content_key`). A process that
+reads those bytes takes that refusal (:meth:`LastGood.judge`, :meth:`LastGood.refusal`) instead of
+validating them again: a gunicorn worker started while the files are broken serves the last good at
+once, reporting the refusal as any start on broken files does. Not kept: refusals for dates (time
+changes them) and a validation stopped before its verdict (:class:`~tlsreload_plugins.validate_apart.Unjudged`).
+
 * Servers that ``fork()`` their workers (gunicorn) create the store before the first fork. Every
   worker writes what it starts serving; every new worker reads it.
 * Servers that start workers with ``spawn`` (uvicorn's ``--workers``, hypercorn) pass the store to
@@ -18,8 +25,9 @@ with the leaf its validation found. Nothing touches the disk.
   having it validated again (:mod:`tlsreload_plugins.validate_apart`: a child process each time).
 
 A context is built from the bytes through the server's own recipe, given paths to in-memory files
-(``memfd_create``, read as ``/proc/self/fd/N``). Where memfd is missing, the files go to a private
-directory (0700, files 0600) and are removed as soon as the context is built.
+(``memfd_create``, read as ``/proc/self/fd/N``; :mod:`tlsreload_plugins.memory_files`). Where memfd is
+missing, the files go to a private directory (0700, files 0600) and are removed as soon as the context
+is built.
 
 The store itself (:class:`SharedStore`, its keeper, its table's encoding) is in
 :mod:`tlsreload_plugins.store`; its names are importable from here too, where they were first defined.
@@ -27,19 +35,19 @@ The store itself (:class:`SharedStore`, its keeper, its table's encoding) is in
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
 import ssl
-import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from .examine import NotJudged, password_digest
 from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, fingerprint, judge_period, read_files
 from .identity import validate as validate  # `X as X`: importable from here as before; validation is validate_apart's
+from .memory_files import RecipeFor as RecipeFor
+from .memory_files import context_from as context_from
+from .memory_files import in_memory_files as in_memory_files
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.lastgood import X` works.
 from .store import _COUNT as _COUNT
@@ -53,6 +61,7 @@ from .store import REGION_BYTES as REGION_BYTES
 from .store import Keeper as Keeper
 from .store import Kept as Kept
 from .store import Parts as Parts
+from .store import Refusal as Refusal
 from .store import SharedStore as SharedStore
 from .store import _attached as _attached
 from .store import _copied as _copied
@@ -64,71 +73,9 @@ from .store import _named as _named
 from .store import decode as decode
 from .store import encode as encode
 from .store import shared_with_spawned_processes as shared_with_spawned_processes
-from .validate_apart import judge, validate_many
+from .validate_apart import Unjudged, apart, judge, validate_many
 
 log = logging.getLogger("tlsreload_plugins.lastgood")
-
-RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
-"""Builds the server's context exactly as it does from its configured files, but from ``files``."""
-
-
-@contextlib.contextmanager
-def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None) -> Iterator[TLSFiles]:
-    """Paths that read as ``cert``, ``key`` and ``ca`` for the ``with`` block, in memory where the
-    system allows it (memfd), else in a private directory removed at the end of the block."""
-    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-        fds: list[int] = []
-        try:
-
-            def path(name: str, data: bytes | None) -> str | None:
-                if data is None:
-                    return None
-                fd = os.memfd_create(f"tlsreload-{name}", getattr(os, "MFD_CLOEXEC", 1))
-                fds.append(fd)
-                os.write(fd, data)
-                return f"/proc/self/fd/{fd}"
-
-            yield TLSFiles(path("cert", cert) or "", path("key", key), path("ca", ca))
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return
-    directory = tempfile.mkdtemp(prefix="tlsreload-")  # 0700
-    try:
-
-        def write(name: str, data: bytes | None) -> str | None:
-            if data is None:
-                return None
-            target = os.path.join(directory, name)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return target
-
-        yield TLSFiles(write("cert.pem", cert) or "", write("key.pem", key), write("ca.pem", ca))
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def context_from(snapshot: Snapshot, recipe_for: RecipeFor) -> ssl.SSLContext:
-    """A context built by ``recipe_for`` from the bytes of ``snapshot`` (already validated), through
-    :func:`in_memory_files`: exactly those bytes are served, whatever the files on disk hold by now.
-
-    Raises:
-        InvalidIdentity: the recipe refused them (the reason in the message, ``snapshot``'s files named).
-        TypeError: the recipe returned something that is not an :class:`ssl.SSLContext`.
-    """
-    with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
-        try:
-            context = recipe_for(paths)
-        except Exception as e:
-            raise InvalidIdentity(
-                f"the SSL context could not be built from {snapshot.files.describe()}: {type(e).__name__}: {e}",
-                path=snapshot.files.certfile,
-            ) from e
-    if not isinstance(context, ssl.SSLContext):
-        raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
-    return context
 
 
 def bytes_served(files: TLSFiles, served: str, last_good: LastGood | None) -> Snapshot | None:
@@ -146,6 +93,18 @@ def bytes_served(files: TLSFiles, served: str, last_good: LastGood | None) -> Sn
     except InvalidIdentity:
         return None
     return snapshot if fingerprint(snapshot) == served else None
+
+
+def content_key(snapshot: Snapshot, password: Password) -> str:
+    """What a refusal kept in a :class:`SharedStore` is for: a digest of ``snapshot``'s bytes and of the key
+    password ``password`` gives now (validation's verdict depends on nothing else)."""
+    return f"{fingerprint(snapshot)}:{password_digest(password)}"
+
+
+def shareable(error: InvalidIdentity) -> bool:
+    """Whether ``error`` is validation's verdict on the bytes, which any process reading them may take: not a
+    child stopped or ended before its verdict (:class:`~tlsreload_plugins.validate_apart.Unjudged`)."""
+    return not isinstance(error, Unjudged)
 
 
 @dataclass(frozen=True)
@@ -185,6 +144,37 @@ class LastGood:
             return None, False
         kept = self.store.verdict(self.name)
         return (kept[1], False) if kept is not None and kept[0] == parts else (None, True)
+
+    def refusal(self, snapshot: Snapshot, password: Password) -> InvalidIdentity | None:
+        """The refusal validation found for exactly ``snapshot``'s bytes and ``password`` in another process of
+        the server (or this one), when the store keeps it for :attr:`name`: raise it rather than parse them again."""
+        return self.store.refusal(self.name, content_key(snapshot, password))
+
+    def judge(self, snapshot: Snapshot, password: Password, *, defer: bool = False) -> Leaf:
+        """The leaf of ``snapshot``: the verdict kept for exactly these bytes (:meth:`judged`), else the refusal
+        kept for them (:meth:`refusal`), else validation's (:func:`~tlsreload_plugins.validate_apart.judge`),
+        whose refusal is then kept for the server's other processes. With ``defer``, when that validation would
+        start a child, no keeper answered and an identity is kept for :attr:`name`, it is not run: a process
+        starting now serves what is kept at once. Blocking.
+
+        Raises:
+            InvalidIdentity: the bytes are not a usable identity (dates not judged); a
+                :class:`~tlsreload_plugins.examine.NotJudged` when deferred.
+        """
+        leaf, keeper_refused = self.verdict_for(snapshot)
+        if leaf is not None:
+            return leaf
+        refused = self.refusal(snapshot, password)
+        if refused is not None:
+            raise refused
+        if defer and not keeper_refused and apart() and self.store.read(self.name) is not None:
+            raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")
+        try:
+            return judge(snapshot, password)
+        except InvalidIdentity as e:
+            if shareable(e):
+                self.store.refuse(self.name, content_key(snapshot, password), e)
+            raise
 
     def kept(self, snapshot: Snapshot) -> tuple[Parts, Leaf] | None:
         """The bytes kept for :attr:`name` and their verdict when they are exactly ``snapshot``'s, without
@@ -287,9 +277,9 @@ def keep_newest_valid(
 
 def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store: SharedStore) -> dict[str, str]:
     """Validate every identity of ``identities`` (name: files) once, and keep the valid ones in ``store`` in one
-    write. For the parent of a server that forks its workers (gunicorn's arbiter), before the first fork:
-    each worker then takes these verdicts for the bytes it reads instead of parsing every chain itself
-    (10,000 identities: about 5 s of CPU once, rather than in every worker, each restart included).
+    write, and the refusals in another. For the parent of a server that forks its workers (gunicorn's arbiter),
+    before the first fork: each worker then takes these verdicts for the bytes it reads instead of parsing every
+    chain itself (10,000 identities: about 5 s of CPU once, rather than in every worker, each restart included).
     Returns the identities refused, by name: why (the workers report them). Blocking; never raises.
 
     Example: ``keep_all_valid(sni.discover(sni.resolve_directories(None), ca_certs), password, store)``.
@@ -304,6 +294,7 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
     verdicts = dict(zip(snapshots, validate_many([(s, password) for s in snapshots.values()]), strict=True))
     valid: dict[str, tuple[Snapshot, Leaf | None]] = {}
     refused: dict[str, str] = {}
+    shared: dict[str, tuple[str, InvalidIdentity]] = {}  # the workers take these rather than judge the bytes again
     now = datetime.now(timezone.utc)
     for name, snapshot in read.items():
         verdict: Leaf | Exception | str = snapshot if isinstance(snapshot, str) else verdicts[name]
@@ -314,8 +305,11 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
                 continue
             except InvalidIdentity as e:
                 verdict = e
+        elif isinstance(verdict, InvalidIdentity) and isinstance(snapshot, Snapshot) and shareable(verdict):
+            shared[name] = (content_key(snapshot, password), verdict)
         refused[name] = str(verdict)
     store.write_many(valid)
+    store.refuse_many(shared)
     return refused
 
 

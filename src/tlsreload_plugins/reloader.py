@@ -27,9 +27,9 @@ from . import identity
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.reloader import X` works.
 from .examine import FIXED_SETTINGS as FIXED_SETTINGS
 from .examine import Examined as Examined
+from .examine import NotJudged, examine_files, first_identity, first_verdict, new_content
 from .examine import Recipe as Recipe
 from .examine import build_context as build_context
-from .examine import examine_files, first_identity, first_verdict
 from .examine import fixed_setting_changes as fixed_setting_changes
 from .examine import load_identity as load_identity
 from .identity import (
@@ -73,35 +73,35 @@ from .validate_apart import judge as validate
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
+_JUDGED_AT_FIRST_CHECK = Examined(fingerprint=None)
+"""The known bad content of a reloader that started on its last good identity before anyone judged the files."""
+
 
 class Reloader(Served):
     """Keeps one server :class:`ssl.SSLContext` serving whatever valid identity is on disk.
 
-    ``recipe`` builds a complete server context from the files, exactly the way the server
-    does it (ALPN, ciphers, CA bundle included): each reload calls it again. The constructor
-    builds the first context with it, which the server must use: :attr:`context`. If the files
-    are not usable at that point, the constructor raises :class:`InvalidIdentity` with one clear
-    message. What a rebuilt context can change for new connections: the certificate chain and
-    key, the client-CA store, ALPN and the cipher list. Protocol bounds, verify mode and options
-    stay those of :attr:`context` (see :data:`FIXED_SETTINGS`); a rebuilt context that differs in
-    them is logged as a warning.
+    ``recipe`` builds a complete server context from the files, exactly the way the server does it (ALPN,
+    ciphers, CA bundle included): each reload calls it again. The constructor builds the first context with
+    it, which the server must use: :attr:`context`. If the files are not usable at that point, the
+    constructor raises :class:`InvalidIdentity` with one clear message. What a rebuilt context can change for
+    new connections: the certificate chain and key, the client-CA store, ALPN and the cipher list. Protocol
+    bounds, verify mode and options stay those of :attr:`context` (see :data:`FIXED_SETTINGS`); a rebuilt
+    context that differs in them is logged as a warning.
 
-    ``on_reload(old_leaf, new_leaf)``, ``on_failure(error)`` and ``on_check(outcome, status)``
-    are called after a reload, after each newly reported failure and after every check.
-    More can be added later with :meth:`add_callbacks` (metrics, an adapter's hooks);
-    exceptions they raise are logged and swallowed.
+    ``on_reload(old_leaf, new_leaf)``, ``on_failure(error)`` and ``on_check(outcome, status)`` are called
+    after a reload, after each newly reported failure and after every check. More can be added later with
+    :meth:`add_callbacks` (metrics, an adapter's hooks); exceptions they raise are logged and swallowed.
 
-    ``last_good`` keeps the identity this reloader serves where the server's other processes
-    find it (:mod:`tlsreload_plugins.lastgood`): when the files cannot be used at construction, a
-    valid identity kept there is served instead (one WARNING says so and why), and the files on
-    disk are used as soon as they are usable.
+    ``last_good`` keeps the identity this reloader serves where the server's other processes find it
+    (:mod:`tlsreload_plugins.lastgood`): when the files cannot be used at construction, a valid identity kept
+    there is served instead (one WARNING says so and why), and the files on disk are used as soon as they are
+    usable. The verdicts (and refusals) found for the files' bytes are kept there too, for the others to take.
 
-    ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a
-    handshake needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the
-    first :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For
-    identities that may never be asked for (:mod:`tlsreload_plugins.sni`); such a reloader does not keep
-    its first identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` of its
-    own to hand to a server.
+    ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a handshake
+    needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the first
+    :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For identities
+    that may never be asked for (:mod:`tlsreload_plugins.sni`); such a reloader does not keep its first
+    identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server.
 
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
@@ -133,8 +133,8 @@ class Reloader(Served):
         self._on_failure: list[Callable[[ReloadError], object]] = []
         self._on_check: list[Callable[[Outcome, Status], object]] = []
         self.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
-        # _lock guards the state below and is only ever held for a few assignments: status() never
-        # waits for file I/O. _check_lock keeps checks one at a time (the ticker and reload_now).
+        # _lock guards the state below, held for a few assignments only: status() never waits for file I/O.
+        # _check_lock keeps checks one at a time (the ticker and reload_now).
         self._lock = threading.Lock()
         self._check_lock = threading.Lock()
         # on_reload/on_failure calls decided under the lock, made after it is released: a callback
@@ -176,12 +176,12 @@ class Reloader(Served):
             self._started_from_last_good(start_error)
 
     def _started_from_last_good(self, error: InvalidIdentity) -> None:
-        log.warning(
-            "the TLS files cannot be used (%s); serving the last good certificate this server served "
-            "until they can: %s",
-            error,
-            self._leaf.describe(),
-        )
+        served = f"serving the last good certificate this server served until they can: {self._leaf.describe()}"
+        if isinstance(error, NotJudged):  # judged by the first check, which reports a refusal at once
+            log.info("%s; %s", error, served)
+            self._known_bad = _JUDGED_AT_FIRST_CHECK
+            return
+        log.warning("the TLS files cannot be used (%s); %s", error, served)
         self._last_error = str(error)
         self._failures = 1
         # The first checks will find the same problem: it has been reported just now.
@@ -190,6 +190,8 @@ class Reloader(Served):
             self._settling.reported = f"{examined.fingerprint}:{examined.error}"
             if examined.fingerprint is not None:
                 self._known_bad = examined
+            if examined.refused is not None and self._last_good is not None:  # for the server's other processes
+                self._last_good.store.refuse(self._last_good.name, examined.content_key, examined.refused)
 
     def add_callbacks(
         self,
@@ -211,16 +213,15 @@ class Reloader(Served):
     def check(self, *, settle: bool = True, offload: Offload[Examined] | None = None) -> Outcome:
         """Read the files once and act on what is there. Blocking: call it from a thread, not an event loop.
 
-        With ``settle`` (what the drivers use), content that is unusable is only reported
-        when the same content was unusable on the previous check too: rotations that write
-        the certificate and the key at different moments are not failures. ``settle=False``
-        reports at once. ``offload`` runs the blocking part (reading, parsing, building the
-        context) elsewhere, as gevent's ``hub.threadpool.apply`` does; the decision is then
-        made in the calling thread.
+        With ``settle`` (what the drivers use), content that is unusable is only reported when the same content
+        was unusable on the previous check too: rotations that write the certificate and the key at different
+        moments are not failures. ``settle=False`` reports at once. ``offload`` runs the blocking part (reading,
+        parsing, building the context) elsewhere, as gevent's ``hub.threadpool.apply`` does; the decision is
+        then made in the calling thread.
 
-        Never raises: unusable files, a recipe that raises or returns something else, and any
-        error nobody foresaw are all reported failures (log line, :attr:`Status.last_error`,
-        ``on_failure``). Only a callback's own bug reaches the log as a traceback.
+        Never raises: unusable files, a recipe that raises or returns something else, and any error nobody
+        foresaw are all reported failures (log line, :attr:`Status.last_error`, ``on_failure``). Only a
+        callback's own bug reaches the log as a traceback.
         """
         with self._check_lock:
             now = self._clock()
@@ -237,9 +238,8 @@ class Reloader(Served):
     def sweep(self, offload: Offload[Examined] | None = None) -> Outcome:
         """:meth:`check` at the cost of a read and a hash when nothing changed: when the files hold exactly
         the content served, nothing is pending, no ``on_check`` callback listens and nothing is ``offload``-ed,
-        only the counters, the
-        last success and the expiry warning are renewed (UNCHANGED); otherwise a full :meth:`check`. For
-        the SNI identities' safety-net sweep. Blocking; never raises."""
+        only the counters, the last success and the expiry warning are renewed (UNCHANGED); otherwise a full
+        :meth:`check`. For the SNI identities' safety-net sweep. Blocking; never raises."""
         if offload is not None or self._on_check or self._last_error is not None or self._known_bad is not None:
             return self.check(offload=offload)  # (offload: gevent, where even a read must leave the hub)
         try:
@@ -278,32 +278,25 @@ class Reloader(Served):
             return Examined(fingerprint=None, error=error)
 
     def _judge(self, snapshot: Snapshot) -> Leaf:
-        """The leaf of ``snapshot`` if it is a usable identity: the verdict another process of the server
-        found for exactly these bytes when the last good store has one (a spawn server's parent validates
-        for its workers), else this process's own validation (in a child process: validate_apart)."""
+        """The leaf of ``snapshot`` if it is a usable identity: the verdict another process of the server found
+        for exactly these bytes when the last good store has one (a spawn server's parent validates for its
+        workers), else the refusal kept there for them, else this process's own validation (validate_apart)."""
         if self._last_good is not None:
             judged, refused = self._last_good.verdict_for(snapshot)
             if judged is not None:
                 return judged
-            if refused:
-                # Bytes the keeper (a spawn server's parent) refused are judged in this process, as before
-                # validation moved to a child: test_footprint and test_lastgood assert that such a worker loads
-                # cryptography. Moving this apart too is a decision left open (issue 25, part 2).
+            if refused:  # by the keeper (a spawn server's parent): judged here, as test_footprint and test_lastgood
+                # assert (such a worker loads cryptography). Moving this apart too is left open (issue 25, part 2).
                 return identity.validate(snapshot, self.password)
+            kept = self._last_good.refusal(snapshot, self.password)
+            if kept is not None:
+                raise kept
         return validate(snapshot, self.password)
 
     def new_content(self) -> Snapshot | None:
-        """What the files hold when a check would validate it (neither the content served nor the content last
-        found unusable), else ``None`` (unreadable too): for a caller validating many identities at once ahead
-        of their checks (:func:`~tlsreload_plugins.validate_apart.prejudged`). Blocking (reads); changes nothing."""
-        try:
-            snapshot = read_files(self.files)
-        except InvalidIdentity:
-            return None
-        observed, known = fingerprint(snapshot), self._known_bad
-        if observed == self._fingerprint or (known is not None and known.fingerprint == observed):
-            return None
-        return snapshot
+        """What the files hold when a check would validate it, else ``None``
+        (:func:`~tlsreload_plugins.examine.new_content`). Blocking (reads); changes nothing."""
+        return new_content(self.files, self._fingerprint, self._known_bad)
 
     def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
         """The deciding half of :meth:`check`: no I/O, called with the state lock held."""
@@ -314,11 +307,19 @@ class Reloader(Served):
                 f"start): new certificates from {self.files.certfile} cannot be served"
             )
             return self._fail("hook replaced", error, settle=False, level=logging.ERROR)
+        starting = self._known_bad is _JUDGED_AT_FIRST_CHECK  # then a refusal is reported at once, as at a start
+        if starting and not examined.changed_while_building:
+            self._known_bad = None
         if examined.error is not None:
+            if examined.refused is not None and self._last_good is not None and examined is not self._known_bad:
+                # Kept for the server's other processes (a new worker takes it), once the state lock is released.
+                refusal = (self._last_good.name, examined.content_key, examined.refused)
+                self._notices.append(([self._last_good.store.refuse], refusal))
             if examined.fingerprint is not None:
                 self._known_bad = examined
             level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
-            return self._fail(f"{examined.fingerprint}:{examined.error}", examined.error, settle, level)
+            key = f"{examined.fingerprint}:{examined.error}"
+            return self._fail(key, examined.error, settle and not starting, level)
         if examined.unchanged:
             self._succeeded(now)
             return Outcome.UNCHANGED

@@ -276,8 +276,8 @@ class SNIIdentities:
     ) -> AbstractContextManager[None]:
         """Validate in one batch, ahead of this check (one child process: :mod:`tlsreload_plugins.validate_apart`),
         what it is about to validate one identity at a time: the identities it adds (at start: every one the
-        last good store has no verdict for) and, of those the kernel reported changed, the ones whose files hold
-        new content. Under gevent, in its threadpool."""
+        last good store has no verdict nor refusal for) and, of those the kernel reported changed, the ones whose
+        files hold new content. Under gevent, in its threadpool."""
         if not validate_apart.apart():
             return contextlib.nullcontext()
         run = cast("Callable[[Callable[[], Any]], Any] | None", offload) or (lambda work: work())
@@ -292,7 +292,8 @@ class SNIIdentities:
                 files = TLSFiles(found[name].certfile, found[name].keyfile, self.ca_certs)
                 with contextlib.suppress(InvalidIdentity):
                     snapshot = read_files(files)
-                    if self.store is None or LastGood(self.store, self.recipe_for, name).kept(snapshot) is None:
+                    kept = LastGood(self.store, self.recipe_for, name) if self.store is not None else None
+                    if kept is None or (kept.kept(snapshot) is None and kept.refusal(snapshot, self.password) is None):
                         items.append((snapshot, self.password))
             changed = (current[name].new_content() for name in dirty & wanted if name in current)
             return items + [(snapshot, self.password) for snapshot in changed if snapshot is not None]

@@ -2,8 +2,10 @@
 found, in memory every process of the server shares (:class:`SharedStore`).
 
 Two regions written alternately, each a table of identities by name (:func:`encode`,
-:func:`decode`); writers take turns under a POSIX record lock; a spawn server's parent is the
-store's keeper (:class:`Keeper`), which its workers ask to look at new content. On Linux the
+:func:`decode`), with the refusal validation found for the newest content of each name it refused
+(so that a process reading those bytes takes it rather than judging them again); writers take turns
+under a POSIX record lock; a spawn server's parent is the store's keeper (:class:`Keeper`,
+:mod:`tlsreload_plugins.store_keeper`), which its workers ask to look at new content. On Linux the
 mapping is a memfd, passed to spawned workers as a file descriptor when the store is pickled for
 them (:func:`shared_with_spawned_processes`); elsewhere they get a copy. What is kept, and how a
 context is built from it, is :mod:`tlsreload_plugins.lastgood`'s. (These names are also importable
@@ -18,23 +20,27 @@ import hashlib
 import logging
 import mmap
 import os
-import select
 import struct
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from .errors import InvalidIdentity
 from .files import Snapshot
 from .identity import Leaf
+
+# `X as X`: the keeper moved to store_keeper.py; imported back so `from .store import X` keeps working.
+from .store_keeper import _PASSES as _PASSES
+from .store_keeper import Keeper as Keeper
 
 # `X as X`: the table's encoding moved to store_table.py; imported back so `from .store import X` keeps working.
 from .store_table import _COUNT as _COUNT
 from .store_table import _ENTRY as _ENTRY
 from .store_table import Kept as Kept
 from .store_table import Parts as Parts
+from .store_table import Refusal as Refusal
 from .store_table import _Index as _Index
 from .store_table import _leaf_bytes as _leaf_bytes
 from .store_table import _leaf_from as _leaf_from
@@ -44,11 +50,12 @@ from .store_table import encode as encode
 # The store's log lines keep the logger they were always written under.
 log = logging.getLogger("tlsreload_plugins.lastgood")
 
+T = TypeVar("T")
+
 DEFAULT = ""
 """The name the configured identity (certfile and keyfile) is kept under. SNI identities are kept under
 their own names (their directories' names), which are never empty."""
 
-_PASSES = struct.Struct("<QQ")  # the keeper's passes: how many it began, the number of the last one it completed
 _HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the payload
 
 REGION_BYTES = 256 * 1024 * 1024
@@ -190,12 +197,16 @@ class SharedStore:
 
     def _kept(self, name: str) -> Kept | None:
         """What is kept for ``name``: its contents copied out of the shared memory, not the whole table."""
+        return self._located(lambda located: located.contents(self._map, name))
+
+    def _located(self, read: Callable[[_Index], T | None]) -> T | None:
+        """What ``read`` finds in the newest intact region, read again when it was rewritten meanwhile."""
         for _ in range(3):
             current = self._current()
             if current is None:
                 return None
             region, generation, located = current
-            found = located.contents(self._map, name)
+            found = read(located)
             if self._generation(region) == generation:
                 return found
             self._cached = (-1, 0, {})  # rewritten while being read: look again
@@ -203,12 +214,17 @@ class SharedStore:
 
     def _table(self) -> dict[str, Kept]:
         """The newest intact table, every identity decoded (empty when none is): for a write."""
+        return self._contents()[0]
+
+    def _contents(self) -> tuple[dict[str, Kept], dict[str, Refusal]]:
+        """:meth:`_table` and the refusals kept, from one region."""
         current = self._current()
         if current is None:
-            return {}
+            return {}, {}
         region, generation, located = current
         table = {name: kept for name in located.entries if (kept := located.contents(self._map, name)) is not None}
-        return table if self._generation(region) == generation else self._table()
+        refusals = located.all_refusals(self._map)
+        return (table, refusals) if self._generation(region) == generation else self._contents()
 
     def read(self, name: str = DEFAULT) -> Parts | None:
         """The newest ``(cert, key, ca)`` kept for ``name``, or ``None``."""
@@ -219,6 +235,30 @@ class SharedStore:
         """The identity kept for ``name`` with the leaf its validation found, or ``None``."""
         kept = self._kept(name)
         return None if kept is None or kept[1] is None else (kept[0], kept[1])
+
+    def refusal(self, name: str, content: str) -> InvalidIdentity | None:
+        """The refusal validation found for the content named ``content`` (see :meth:`refuse`) of identity
+        ``name``, when it is the one kept for ``name``; else ``None``."""
+        found = self._located(lambda located: located.refusal(self._map, name))
+        return None if found is None or found[0] != content else InvalidIdentity(found[1], path=found[2])
+
+    def refuse(self, name: str, content: str, error: InvalidIdentity) -> None:
+        """Keep ``error``, validation's refusal of identity ``name``'s content ``content`` (a digest of its bytes
+        and key password: :func:`~tlsreload_plugins.lastgood.content_key`), in place of the one kept for
+        ``name`` before: the server's processes that read that content take it rather than judging it again.
+        Never a refusal for dates, which time changes. Never raises."""
+        self.refuse_many({name: (content, error)})
+
+    def refuse_many(self, refusals: Mapping[str, tuple[str, InvalidIdentity]]) -> None:
+        """:meth:`refuse` for each name of ``refusals`` (name: content, refusal), in one write. Never raises."""
+        changes = {
+            name: (content, str(error), error.path)
+            for name, (content, error) in refusals.items()
+            if self.refusal(name, content) is None
+        }
+        if changes:
+            what = f"the refusal of {_named(next(iter(changes)))}" if len(changes) == 1 else f"{len(changes)} refusals"
+            self._change(next(iter(changes)), lambda table, refused: refused.update(changes), what)
 
     def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
         """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
@@ -237,31 +277,35 @@ class SharedStore:
                 changes[name] = (parts, leaf)
         if len(changes) == 1:
             name, (parts, leaf) = next(iter(changes.items()))
-            return self._change(name, lambda table: table.__setitem__(name, (parts, leaf)))
+            return self._change(name, lambda table, refused: table.__setitem__(name, (parts, leaf)))
         if changes:
-            return self._change(next(iter(changes)), lambda table: table.update(changes), f"{len(changes)} identities")
+            what = f"the last good certificates of {len(changes)} identities"
+            return self._change(next(iter(changes)), lambda table, refused: table.update(changes), what)
         return True
 
     def forget(self, name: str) -> None:
         """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
-        if self.read(name) is not None:
-            self._change(name, lambda table: table.pop(name, None))
+        current = self._current()
+        if self.read(name) is not None or (current is not None and name in current[2].refusals):
+            self._change(name, lambda table, refused: (table.pop(name, None), refused.pop(name, None)))
 
-    def _change(self, name: str, change: Callable[[dict[str, Kept]], object], what: str | None = None) -> bool:
-        what = what or _named(name)
+    def _change(
+        self, name: str, change: Callable[[dict[str, Kept], dict[str, Refusal]], object], what: str | None = None
+    ) -> bool:
+        """Apply ``change`` to the table and the refusals kept, and write them (one write); whether it did."""
+        what = what or f"the last good certificate of {_named(name)}"
         with self._exclusive() as locked:
             if not locked:
-                log.warning("the last good certificate of %s is not kept: another process held the store", what)
+                log.warning("%s is not kept: another process held the store", what)
                 return False
-            table = dict(self._table())
-            change(table)
-            payload = encode(table)
+            table, refusals = self._contents()
+            change(table, refusals)
+            payload = encode(table, refusals)
             if len(payload) > self._region - _HEADER.size:
                 if name not in self._full_logged:
                     self._full_logged.add(name)
                     log.warning(
-                        "the last good certificate of %s is not kept: the identities kept would take %d bytes, "
-                        "more than the %d kept in memory",
+                        "%s is not kept: the identities kept would take %d bytes, more than the %d kept in memory",
                         what,
                         len(payload),
                         self._region - _HEADER.size,
@@ -338,41 +382,6 @@ class SharedStore:
         return Keeper(self, read_end)
 
 
-@dataclass(frozen=True)
-class Keeper:
-    """The keeper's side of a :class:`SharedStore`: it waits for asks, and numbers its passes."""
-
-    store: SharedStore
-    asks: int
-    """The read end of the pipe workers ask through."""
-
-    def wait(self, timeout: float) -> set[str] | None:
-        """Return when a worker asks, or after ``timeout`` seconds: the names of the identities asked
-        about (empty: none asked), ``None`` when one asked about every identity."""
-        asked: set[str] | None = set()
-        if select.select([self.asks], [], [], timeout)[0]:
-            data = b""
-            with contextlib.suppress(BlockingIOError):
-                data = os.read(self.asks, 65536)
-            for ask in data.split(b"\n")[:-1]:
-                if b"\0" in ask or asked is None:
-                    asked = None
-                else:
-                    asked.add(ask.decode(errors="replace"))
-        return asked
-
-    @contextlib.contextmanager
-    def one_pass(self) -> Iterator[None]:
-        """Number a look at every identity: a worker's :meth:`SharedStore.ask` waits for the end of one
-        that began after it asked."""
-        begun, completed = self.store._passes()
-        _PASSES.pack_into(self.store._map, 0, begun + 1, completed)
-        try:
-            yield
-        finally:
-            _PASSES.pack_into(self.store._map, 0, begun + 1, begun + 1)
-
-
 def _attached(mapping: _Descriptor, asks: _Descriptor | None, region_bytes: int) -> SharedStore:
     """The :class:`SharedStore` a spawned process shares with its parent, from the descriptors passed."""
     store = SharedStore.__new__(SharedStore)
@@ -389,5 +398,5 @@ def _copied(payload: bytes, region_bytes: int) -> SharedStore:
     store = SharedStore(region_bytes)
     table = decode(payload)
     if table:
-        store._change(DEFAULT, lambda kept: kept.update(table))
+        store._change(DEFAULT, lambda kept, refused: kept.update(table))
     return store

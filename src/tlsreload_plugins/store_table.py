@@ -1,8 +1,8 @@
 """The table a :class:`~tlsreload_plugins.store.SharedStore` region holds, as bytes: :func:`encode` writes
-it (each distinct content once, then each identity's name and the indices of its contents), :func:`decode`
-reads it whole, and :class:`_Index` locates each identity's contents in place, so a process serving
-thousands of identities copies out only the few it reads. No file, no lock: the mapping and its locking are
-:mod:`tlsreload_plugins.store`'s.
+it (each distinct content once, then each identity's name and the indices of its contents, then the refusals
+kept: :data:`Refusal`), :func:`decode` reads it whole, and :class:`_Index` locates each identity's contents in
+place, so a process serving thousands of identities copies out only the few it reads. No file, no lock: the
+mapping and its locking are :mod:`tlsreload_plugins.store`'s.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ Parts = tuple[bytes, "bytes | None", "bytes | None"]
 
 Kept = tuple[Parts, "Leaf | None"]
 """An identity as kept, with the leaf its validation found (``None``: kept without it)."""
+
+Refusal = tuple[str, str, "str | None"]
+"""Validation's refusal of one content of a name, as kept: which content (its bytes and the key password: see
+:func:`~tlsreload_plugins.lastgood.content_key`), the refusal's message and the path it names."""
 
 _COUNT = struct.Struct("<I")
 _ENTRY = struct.Struct("<4i")  # indices of an identity's cert, key, CA and leaf among the table's blobs (-1: none)
@@ -49,9 +53,10 @@ def _leaf_from(data: bytes) -> Leaf:
         raise ValueError(f"a leaf kept in a form this version does not read: {e}") from e
 
 
-def encode(table: Mapping[str, Kept]) -> bytes:
+def encode(table: Mapping[str, Kept], refusals: Mapping[str, Refusal] | None = None) -> bytes:
     """The payload of a :class:`SharedStore` region: each distinct content once (file contents, leaves),
-    then each identity's name and the indices of its contents (SNI identities share the client-CA bundle)."""
+    then each identity's name and the indices of its contents (SNI identities share the client-CA bundle),
+    then, when there are any, the ``refusals`` kept by name (each a name and a JSON list)."""
     blobs: dict[bytes, int] = {}
     entries: list[bytes] = []
     for name, (parts, leaf) in table.items():
@@ -61,11 +66,35 @@ def encode(table: Mapping[str, Kept]) -> bytes:
     out = [_COUNT.pack(len(blobs))]
     for blob in blobs:  # in index order: a dict keeps insertion order
         out += [_COUNT.pack(len(blob)), blob]
-    return b"".join([*out, _COUNT.pack(len(table)), *entries])
+    out += [_COUNT.pack(len(table)), *entries]
+    if refusals:
+        out.append(_COUNT.pack(len(refusals)))
+        for name, refusal in refusals.items():
+            label, data = name.encode(), json.dumps(list(refusal)).encode()
+            out += [_COUNT.pack(len(label)), label, _COUNT.pack(len(data)), data]
+    return b"".join(out)
+
+
+def _refusal_from(data: bytes) -> Refusal:
+    try:
+        key, message, path = json.loads(data)
+        return str(key), str(message), None if path is None else str(path)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"a refusal kept in a form this version does not read: {e}") from e
 
 
 def decode(payload: bytes) -> dict[str, Kept]:
-    """The table :func:`encode` wrote. Raises ``ValueError`` on a payload it did not write."""
+    """The table :func:`encode` wrote (without its refusals: :func:`decode_refusals`). Raises ``ValueError`` on a
+    payload it did not write."""
+    return _decoded(payload)[0]
+
+
+def decode_refusals(payload: bytes) -> dict[str, Refusal]:
+    """The refusals :func:`encode` wrote, by name. Raises ``ValueError`` on a payload it did not write."""
+    return _decoded(payload)[1]
+
+
+def _decoded(payload: bytes) -> tuple[dict[str, Kept], dict[str, Refusal]]:
     view = memoryview(payload)
     at = 0
 
@@ -89,7 +118,11 @@ def decode(payload: bytes) -> dict[str, Kept]:
             raise ValueError(f"identity {name!r} kept with contents the table does not hold")
         parts = (blobs[cert], None if key < 0 else blobs[key], None if ca < 0 else blobs[ca])
         table[name] = (parts, None if leaf < 0 else _leaf_from(blobs[leaf]))
-    return table
+    refusals: dict[str, Refusal] = {}
+    for _ in range(count() if at < len(view) else 0):  # a table without refusals ends after its entries
+        name = take(count()).decode()
+        refusals[name] = _refusal_from(take(count()))
+    return table, refusals
 
 
 @dataclass(frozen=True)
@@ -100,6 +133,7 @@ class _Index:
     starts: array[int]
     lengths: array[int]
     entries: dict[str, tuple[int, int, int, int]]  # indices of cert, key, CA and leaf among the contents (-1: none)
+    refusals: dict[str, tuple[int, int]]  # where each name's refusal lies in the mapping: offset, length
 
     @classmethod
     def of(cls, payload: memoryview, start: int) -> _Index:
@@ -137,7 +171,19 @@ class _Index:
             if cert < 0 or max(cert, key, ca, leaf) >= len(starts):
                 raise ValueError(f"identity {name!r} kept with contents the table does not hold")
             entries[name] = (cert, key, ca, leaf)
-        return cls(starts, lengths, entries)
+        refusals: dict[str, tuple[int, int]] = {}
+        for _ in range(count() if at < len(payload) else 0):
+            name_size = count()
+            if at + name_size > len(payload):
+                raise ValueError("truncated table")
+            name = bytes(payload[at : at + name_size]).decode()
+            at += name_size
+            size = count()
+            if at + size > len(payload):
+                raise ValueError("truncated table")
+            refusals[name] = (start + at, size)
+            at += size
+        return cls(starts, lengths, entries, refusals)
 
     def contents(self, mapping: mmap.mmap, name: str) -> Kept | None:
         """What is kept for ``name``, copied out of ``mapping`` (``None``: nothing)."""
@@ -153,3 +199,17 @@ class _Index:
         except ValueError:  # a leaf this version does not read: kept without it
             judged = None
         return (cert, key, ca), judged
+
+    def refusal(self, mapping: mmap.mmap, name: str) -> Refusal | None:
+        """The refusal kept for ``name`` in ``mapping`` (``None``: none, or one this version does not read)."""
+        where = self.refusals.get(name)
+        if where is None:
+            return None
+        try:
+            return _refusal_from(mapping[where[0] : where[0] + where[1]])
+        except ValueError:
+            return None
+
+    def all_refusals(self, mapping: mmap.mmap) -> dict[str, Refusal]:
+        """Every refusal kept in ``mapping``, by name: for a write."""
+        return {name: refusal for name in self.refusals if (refusal := self.refusal(mapping, name)) is not None}

@@ -18,7 +18,9 @@ same message and path.
 * When no child can be started (no ``sys.executable``, a process limit, a child that cannot import
   ``cryptography``), validation runs in this process from then on, and one WARNING says why.
 * A child that takes longer than :data:`~tlsreload_plugins.validate_child.ITEM_WAIT` over one identity (a
-  hostile file) is killed: that identity is refused, its files named, and a new child judges the rest.
+  hostile file) is killed: that identity is refused, its files named, and a new child judges the rest. Such a
+  refusal (or one for a child that ended without a verdict) is an :class:`Unjudged`: not a verdict on the bytes
+  that the server's other processes may take from the last good store.
 
 Cost: a child takes 0.2 to 0.3 s and as much CPU to start and import ``cryptography`` (a loaded 2-core
 machine), then milliseconds per identity. Blocking: call it where a check runs, never on an event loop.
@@ -35,9 +37,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .identity import InvalidIdentity, Leaf, Password, Snapshot, password_bytes, validate
-from .validate_child import ChildUnavailable, Verdict, unforeseen, validate_in_child
+from .validate_child import ChildUnavailable, Unjudged, Verdict, unforeseen, validate_in_child
 
-__all__ = ["VALIDATE_ENV", "apart", "judge", "prejudged", "validate_many"]
+__all__ = ["VALIDATE_ENV", "Unjudged", "apart", "judge", "prejudged", "validate_many"]
 
 log = logging.getLogger("tlsreload_plugins.validate_apart")
 
@@ -83,7 +85,7 @@ def judge(snapshot: Snapshot, password: Password = None) -> Leaf:
             return validate(snapshot, password)
         verdict = validate_many([(snapshot, password)])[0]
     if isinstance(verdict, InvalidIdentity):
-        raise InvalidIdentity(str(verdict), path=verdict.path)
+        raise type(verdict)(str(verdict), path=verdict.path)  # Unjudged stays Unjudged
     return verdict
 
 

@@ -65,6 +65,11 @@ _BOOT = (
 )
 
 
+class Unjudged(InvalidIdentity):
+    """The refusal of an identity the child stopped or ended over before its verdict (a hostile file, a crash):
+    refused, as validation would not vouch for it, but not a verdict on its bytes another process may take."""
+
+
 class ChildUnavailable(Exception):
     """No child could be started to validate, or it ended or stalled before it was ready: ``str()`` says why."""
 
@@ -238,7 +243,7 @@ class _Talk:
             reason = f"the process validating {files.describe()} ended without a verdict ({how}){detail}"
         else:
             reason = f"validating {files.describe()} took longer than {item_wait:g} s: stopped (is a file hostile?)"
-        return [*self.verdicts, InvalidIdentity(reason, path=files.certfile)]
+        return [*self.verdicts, Unjudged(reason, path=files.certfile)]
 
     def _feed(self) -> bool:
         """Write what the child is ready to take; ``False`` once everything is written (or it reads no more)."""

@@ -1,23 +1,29 @@
 """Memory per worker: RSS and PSS of each serving process, stock against the plugin, for every server.
 
-For each server, three servers run side by side, 2 workers each, the same certificate files (a
-kubelet-style secret volume): stock, the plugin with metrics off (the default), and the plugin with
-metrics on (``TLSRELOAD_METRICS=1``, which imports ``prometheus_client``). Each worker is first made to
-serve full handshakes and requests (``--requests`` per server, until both workers have answered), then
-the script waits two check intervals so that the plugin's checker has run, and reads
-``/proc/PID/smaps_rollup`` of each worker (``start``); then the certificate is rotated (``..data``
-swapped), the script waits until every plugin worker serves the new one, and reads it again
-(``reloaded``). A worker of a spawn-based server (uvicorn, hypercorn) takes its parent's verdict on the
-files, at start and at each rotation, and imports ``cryptography`` only to judge content its parent
-refused; a worker that judged new content itself would grow at its first reload, which is why both
-states are reported.
+For each server, three servers run side by side (``--alone``: one after the other), ``--workers`` workers each
+(2 by default; 1 is one serving process: uvicorn without ``--workers``, how it runs in most containers; gunicorn
+and hypercorn with one worker), the same certificate files (a kubelet-style secret volume): stock, the plugin
+with metrics off (the default), and the plugin with metrics on (``TLSRELOAD_METRICS=1``, which imports
+``prometheus_client``). Each worker is first made to serve full handshakes and requests (``--requests`` per
+server, until every worker has answered), then the script waits two check intervals so that the plugin's
+checker has run, and reads ``/proc/PID/smaps_rollup`` of each worker (``start``); then the certificate is
+rotated (``..data`` swapped), the script waits until every plugin worker serves the new one, and reads it
+again (``reloaded``). A worker of a spawn-based server (uvicorn, hypercorn) takes its parent's verdict on the
+files, at start and at each rotation; a process that validates new content itself (uvicorn in one process, a
+gunicorn worker) does so in a short-lived child process (``tlsreload_plugins.validate_apart``) and never imports
+``cryptography``. A process that parsed in-process would grow at its first reload, which is why both states are
+reported.
 
 * RSS: resident pages, shared ones included (what ``ps`` and most dashboards show);
 * PSS: each shared page divided among the processes sharing it (the arbiter and its workers share
   what was loaded before the fork): the fair share of the machine's memory a worker costs;
 * USS: pages only this worker holds (private clean + private dirty).
 
-Each figure is the mean over the 2 workers, then the median over ``--rounds`` rounds (fresh servers
+Side by side, a library only the plugin servers load has its pages split between them; pages the same Python
+and libraries share with other processes on the machine are split with those too. ``--alone`` removes the first;
+RSS over stock is what a server alone in a container pays.
+
+Each figure is the mean over the workers, then the median over ``--rounds`` rounds (fresh servers
 each round). The app answers which watched modules (``prometheus_client``, ``asyncio``,
 ``cryptography``) the worker has loaded, so the cause of a difference is measured, not guessed.
 
@@ -25,6 +31,8 @@ Target: plugin with metrics off at most 5 MiB PSS per worker over stock, at star
 metrics on: reported.
 
     python benchmarks/worker_memory.py                 # every server, 3 rounds: about 6.5 minutes
+    python benchmarks/worker_memory.py --workers 1 --servers uvicorn gunicorn-sync   # one serving process
+    python benchmarks/worker_memory.py --workers 1 --alone --servers uvicorn         # each side on its own
     python benchmarks/worker_memory.py --quick         # 1 round, 40 requests
 """
 
@@ -77,10 +85,10 @@ STATES = ("start", "reloaded")
 
 
 @contextlib.contextmanager
-def started(server: str, side: str, cert: Path, key: Path, tmp: Path) -> Iterator[kit.Server]:
+def started(server: str, side: str, cert: Path, key: Path, tmp: Path, workers: int) -> Iterator[kit.Server]:
     extra_env = SIDES[side]
     with kit.running_server(
-        server, extra_env is not None, cert, key, tmp, workers=WORKERS, interval=INTERVAL, extra_env=extra_env
+        server, extra_env is not None, cert, key, tmp, workers=workers, interval=INTERVAL, extra_env=extra_env
     ) as running:
         yield running
 
@@ -105,22 +113,37 @@ def warm(
     return seen
 
 
-def measure_round(server: str, ca: kit.CA, tmp: Path, requests: int, key_type: str) -> dict[str, Any]:
-    """One round: the three sides side by side, measured at start and after a rotation; per state and side,
-    each worker's memory and the modules loaded."""
+def measure_round(
+    server: str, ca: kit.CA, tmp: Path, requests: int, key_type: str, processes: int = WORKERS, alone: bool = False
+) -> dict[str, Any]:
+    """One round: the three sides side by side (``alone``: one after the other, so that no side shares pages
+    with another), measured at start and after a rotation; per state and side, each worker's memory and the
+    modules loaded."""
+    if not alone:
+        return measure_sides(server, list(SIDES), ca, tmp, requests, key_type, processes)
+    parts = [measure_sides(server, [side], ca, tmp, requests, key_type, processes) for side in SIDES]
+    return {state: {side: part[state][side] for part, side in zip(parts, SIDES, strict=True)} for state in STATES}
+
+
+def measure_sides(
+    server: str, sides: list[str], ca: kit.CA, tmp: Path, requests: int, key_type: str, processes: int
+) -> dict[str, Any]:
     volume = kit.KubeletDir(tmp / f"secret-{server}-{time.monotonic_ns()}")
     volume.install(ca.issue(key_type))
     measured: dict[str, Any] = {}
     with ExitStack() as stack:
         servers = {
-            side: stack.enter_context(started(server, side, volume.cert_path, volume.key_path, tmp)) for side in SIDES
+            side: stack.enter_context(started(server, side, volume.cert_path, volume.key_path, tmp, processes))
+            for side in sides
         }
         rotated = ca.issue(key_type)
         for state in STATES:
             if state == "reloaded":
                 volume.install(rotated)
             workers = {
-                side: warm(running, requests, rotated.serial if state == "reloaded" and running.plugin else None)
+                side: warm(
+                    running, requests, rotated.serial if state == "reloaded" and running.plugin else None, processes
+                )
                 for side, running in servers.items()
             }
             time.sleep(2 * INTERVAL)  # the checker has run in every plugin worker
@@ -151,13 +174,14 @@ def summarize(server: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     results = []
     with kit.work_dir("memory") as tmp:
         ca = kit.CA()
         for server in args.servers:
             rounds = []
             for r in range(args.rounds):
-                rounds.append(measure_round(server, ca, tmp, args.requests, args.key_type))
+                rounds.append(measure_round(server, ca, tmp, args.requests, args.key_type, args.workers, args.alone))
                 figures = ", ".join(
                     f"{state} {side} {mean([w['pss'] for w in rounds[-1][state][side]['workers'].values()]):.1f}"
                     for state in STATES
@@ -176,7 +200,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ]
     return {
         "benchmark": "worker_memory",
-        "settings": {"rounds": args.rounds, "requests": args.requests, "workers": WORKERS, "key type": args.key_type},
+        "settings": {
+            "rounds": args.rounds,
+            "requests": args.requests,
+            "workers": args.workers,
+            "alone": args.alone,
+            "key type": args.key_type,
+            "load average before": load_before,
+        },
         "results": results,
         "targets": targets,
     }
@@ -210,15 +241,19 @@ def report(result: dict[str, Any]) -> str:
         "USS over stock: plugin / +metrics",
         "watched modules loaded (stock / plugin / +metrics)",
     )
+    one = "One serving process per server (uvicorn without `--workers`; gunicorn and hypercorn with 1 worker)"
+    how_many = one if s["workers"] == 1 else f"{s['workers']} workers per server"
     return (
         "### Memory per worker\n\n"
-        f"{s['workers']} workers per server, the three servers side by side; `start`: each worker served full "
+        f"{how_many}, the three servers {'one after the other' if s.get('alone') else 'side by side'}; "
+        "`start`: each worker served full "
         f"handshakes and requests ({s['requests']} per server at least) and its checker ran; `reloaded`: the same "
         "after the certificate was rotated (kubelet `..data` swap) and every plugin worker served the new one. "
         f"`/proc/PID/smaps_rollup`, mean of the workers, median of {s['rounds']} rounds (fresh servers each). PSS "
         "shares each page among the processes that map it (a gunicorn arbiter and its workers share what was "
         "loaded before the fork); USS counts the pages only the worker holds. Metrics on = "
-        "`TLSRELOAD_METRICS=1`.\n\n" + kit.table(headers, rows)
+        f"`TLSRELOAD_METRICS=1`. Load average before the run: {s.get('load average before', '?')}.\n\n"
+        + kit.table(headers, rows)
     )
 
 
@@ -228,6 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=200, help="fresh connections with a request, per server")
     parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
+    parser.add_argument(
+        "--workers", type=int, default=WORKERS, help="serving processes per server (1: uvicorn in one process)"
+    )
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="run stock, plugin and plugin+metrics one after the other, not side by side (as each would run in a "
+        "container of its own: no page of one is shared with another, so PSS is not split between them)",
+    )
     return kit.run_script(parser, argv, {"rounds": 1, "requests": 40}, run, report)
 
 

@@ -33,7 +33,10 @@ def serve_and_reload(store: SharedStore, cert: str, key: str, out: str) -> None:
             "cryptography": "cryptography" in sys.modules,
             "kept": store.read(DEFAULT) is not None,
         }
-        results.with_suffix(f".{step}").write_text(json.dumps(record))
+        # Written whole, then renamed: the test polls for the file and must never read half of it.
+        partial = results.with_suffix(f".{step}.partial")
+        partial.write_text(json.dumps(record))
+        partial.replace(results.with_suffix(f".{step}"))
 
     report("start", None)
     done: set[str] = set()

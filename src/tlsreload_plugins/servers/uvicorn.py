@@ -108,6 +108,8 @@ def _uvicorn_context(config: Any) -> ssl.SSLContext:
     from uvicorn.config import create_ssl_context
 
     alpn = getattr(getattr(config, "http_protocol_class", None), "alpn_protocols", None)
+    if "alpn_protocols" not in inspect.signature(create_ssl_context).parameters:
+        alpn = None  # an older uvicorn (0.47) sets no ALPN on its own context either
     return create_ssl_context(
         keyfile=config.ssl_keyfile,
         certfile=config.ssl_certfile,

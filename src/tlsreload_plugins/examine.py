@@ -112,18 +112,23 @@ def first_identity(
 
 
 def first_verdict(
-    files: TLSFiles, password: Password, last_good: LastGood | None, clock: Callable[[], float]
+    files: TLSFiles,
+    password: Password,
+    last_good: LastGood | None,
+    clock: Callable[[], float],
+    read: Snapshot | None = None,
 ) -> tuple[Snapshot, Leaf, InvalidIdentity | None]:
     """What an on-demand reloader serves first: :func:`first_identity` without building a context (and
     without keeping it in ``last_good``: its owner keeps many at once). The verdict ``last_good`` keeps for
     exactly these bytes is taken rather than parsing them again, and the snapshot returned then shares the
     kept bytes; so is the refusal it keeps for them. No keeper is asked (its owner judges thousands at once).
+    ``read``: the bytes of ``files`` as the caller has just read them (not read again).
 
     Raises:
         InvalidIdentity: as :func:`first_identity`.
     """
     try:
-        snapshot = read_files(files)
+        snapshot = read if read is not None else read_files(files)
         kept = last_good.kept(snapshot) if last_good is not None else None
         if kept is not None:
             return Snapshot(files, *kept[0]), kept[1], None

@@ -48,6 +48,7 @@ from .identity import validate as validate  # `X as X`: importable from here as 
 from .memory_files import RecipeFor as RecipeFor
 from .memory_files import context_from as context_from
 from .memory_files import in_memory_files as in_memory_files
+from .memory_files import kept_apart
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.lastgood import X` works.
 from .store import _COUNT as _COUNT
@@ -287,7 +288,7 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
     read: dict[str, Snapshot | str] = {}  # the bytes, or why they could not be read
     for name, files in identities.items():
         try:
-            read[name] = read_files(files)
+            read[name] = kept_apart(read_files(files))
         except Exception as e:  # InvalidIdentity, or what nobody foresaw: the workers judge it themselves
             read[name] = str(e)
     snapshots = {name: snapshot for name, snapshot in read.items() if isinstance(snapshot, Snapshot)}
@@ -319,7 +320,7 @@ def _keep_if_valid(
     """Of ``identities`` (name: files), the fingerprint of the content judged at each one's files (not given
     when it must be judged again: unreadable, or refused for its dates), and the identities to keep: those
     whose content is new (not the one ``seen`` gives the name) and valid. The new contents are validated in one
-    batch (:func:`~tlsreload_plugins.validate_apart.validate_many`: one child process)."""
+    batch (:func:`~tlsreload_plugins.validate_apart.validate_many`: one child process, one per CPU for thousands)."""
     judged: dict[str, str] = {}
     new: dict[str, tuple[Snapshot, str]] = {}
     for name, files in identities.items():

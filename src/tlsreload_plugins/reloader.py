@@ -101,7 +101,8 @@ class Reloader(Served):
     needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the first
     :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For identities
     that may never be asked for (:mod:`tlsreload_plugins.sni`); such a reloader does not keep its first
-    identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server.
+    identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
+    ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again.
 
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
@@ -122,6 +123,7 @@ class Reloader(Served):
         clock: Callable[[], float] = time.time,
         last_good: LastGood | None = None,
         on_demand: RecipeFor | None = None,
+        read: Snapshot | None = None,
     ) -> None:
         self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
         self.recipe = recipe
@@ -151,7 +153,7 @@ class Reloader(Served):
         # so a handshake never pairs one context with another's callback. (None, None): not built yet.
         self._serving: tuple[ssl.SSLContext | None, SNICallback | None] = (None, None)
         if demand is not None:
-            snapshot, leaf, start_error = first_verdict(self.files, self.password, last_good, clock)
+            snapshot, leaf, start_error = first_verdict(self.files, self.password, last_good, clock, read)
             demand.validated = snapshot
         else:
             snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)

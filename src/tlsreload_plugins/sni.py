@@ -50,9 +50,10 @@ from typing import Any, cast
 
 from . import metrics, validate_apart
 from .drivers import gevent_offload
-from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, read_files
+from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles
 from .lastgood import LastGood, RecipeFor, SharedStore
 from .reloader import Examined, Offload, Outcome, Reloader, Status, resolve_interval
+from .sni_ahead import read_ahead
 from .sni_contexts import ContextCache
 
 # Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that
@@ -122,6 +123,7 @@ class SNIIdentities:
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
         self._contexts = ContextCache()
         self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
+        self._read_ahead: dict[str, Snapshot] = {}  # the bytes of identities about to be added, read in one pass
         self._starting = True  # the first look: one summary line, not a line per identity
         self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
         self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
@@ -256,6 +258,7 @@ class SNIIdentities:
                     rebuild = True
                     self._identities = self._walk(found, wanted, settle, offload)
             self._found = found
+            self._read_ahead.clear()
             if rebuild:
                 self._rebuild()
             if self.export_metrics and (rebuild or self._reported != (len(self._identities), len(self._unserved))):
@@ -274,32 +277,26 @@ class SNIIdentities:
     def _judged_ahead(
         self, dirty: Set[str], found: dict[str, TLSFiles], wanted: Set[str], offload: Offload[Examined] | None
     ) -> AbstractContextManager[None]:
-        """Validate in one batch, ahead of this check (one child process: :mod:`tlsreload_plugins.validate_apart`),
-        what it is about to validate one identity at a time: the identities it adds (at start: every one the
-        last good store has no verdict nor refusal for) and, of those the kernel reported changed, the ones whose
-        files hold new content. Under gevent, in its threadpool."""
-        if not validate_apart.apart():
-            return contextlib.nullcontext()
+        """Read, ahead of this check, the bytes of the identities it adds, once (:mod:`tlsreload_plugins.sni_ahead`),
+        and validate in one batch (:mod:`tlsreload_plugins.validate_apart`: a child process per CPU) what the
+        check is about to validate one identity at a time: the identities it adds that the store has no verdict
+        nor refusal for and, of those the kernel reported changed, the ones whose files hold new content. Under
+        gevent, in its threadpool."""
         run = cast("Callable[[Callable[[], Any]], Any] | None", offload) or (lambda work: work())
         current = self._identities
         adding = found.keys() - current.keys()
         if found is self._found and not self._missing:  # nothing added or removed: only those wanted are added
             adding &= wanted
+        apart = validate_apart.apart()
 
         def gather() -> list[tuple[Snapshot, Password]]:
-            items: list[tuple[Snapshot, Password]] = []
-            for name in adding:
-                files = TLSFiles(found[name].certfile, found[name].keyfile, self.ca_certs)
-                with contextlib.suppress(InvalidIdentity):
-                    snapshot = read_files(files)
-                    kept = LastGood(self.store, self.recipe_for, name) if self.store is not None else None
-                    if kept is None or (kept.kept(snapshot) is None and kept.refusal(snapshot, self.password) is None):
-                        items.append((snapshot, self.password))
-            changed = (current[name].new_content() for name in dirty & wanted if name in current)
-            return items + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
+            ahead = read_ahead(adding, found, self.ca_certs, self.password, self.store, self.recipe_for)
+            self._read_ahead = ahead.read  # not read again by _add
+            changed = (current[name].new_content() for name in dirty & wanted if name in current and apart)
+            return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
 
-        items = run(gather)
-        return validate_apart.prejudged(items, run=run)
+        items = run(gather) if adding or (dirty and apart) else []
+        return validate_apart.prejudged(items, run=run) if apart else contextlib.nullcontext()
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
         """Check one served identity; whether its leaf changed (the routing table may have to follow)."""
@@ -375,6 +372,7 @@ class SNIIdentities:
                 expiry_warning_days=self.expiry_warning_days,
                 last_good=LastGood(self.store, self.recipe_for, name) if self.store is not None else None,
                 on_demand=self.recipe_for,
+                read=self._read_ahead.pop(name, None),
             )
         except (InvalidIdentity, TypeError) as e:
             reason = str(e)

@@ -174,6 +174,9 @@ class SharedStore:
 
     def _current(self) -> tuple[int, int, _Index] | None:
         """The newest intact region: its number, generation and index (``None`` when neither is intact)."""
+        region, known, table = self._cached
+        if isinstance(table, _Index) and self._generation(region) == known > self._generation(1 - region):
+            return region, known, table  # still the newest, and not being rewritten (that zeroes its generation)
         for index in sorted((0, 1), key=self._generation, reverse=True):
             base = self._base(index)
             generation, length, digest = _HEADER.unpack_from(self._map, base)

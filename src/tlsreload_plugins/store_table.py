@@ -12,7 +12,7 @@ import mmap
 import struct
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from .identity import Leaf
@@ -134,6 +134,9 @@ class _Index:
     lengths: array[int]
     entries: dict[str, tuple[int, int, int, int]]  # indices of cert, key, CA and leaf among the contents (-1: none)
     refusals: dict[str, tuple[int, int]]  # where each name's refusal lies in the mapping: offset, length
+    # Leaves decoded so far, by content index: a region is never rewritten under the generation this index is
+    # for, and a process taking thousands of verdicts at start looks each up more than once.
+    leaves: dict[int, Leaf] = field(default_factory=dict)
 
     @classmethod
     def of(cls, payload: memoryview, start: int) -> _Index:
@@ -190,14 +193,19 @@ class _Index:
         entry = self.entries.get(name)
         if entry is None:
             return None
-        cert, key, ca, leaf = (
-            None if i < 0 else mapping[self.starts[i] : self.starts[i] + self.lengths[i]] for i in entry
+        cert, key, ca = (
+            None if i < 0 else mapping[self.starts[i] : self.starts[i] + self.lengths[i]] for i in entry[:3]
         )
         assert cert is not None  # checked when indexed
-        try:
-            judged = None if leaf is None else _leaf_from(leaf)
-        except ValueError:  # a leaf this version does not read: kept without it
-            judged = None
+        index = entry[3]
+        judged = self.leaves.get(index) if index >= 0 else None
+        if judged is None and index >= 0:
+            try:
+                judged = self.leaves[index] = _leaf_from(
+                    mapping[self.starts[index] : self.starts[index] + self.lengths[index]]
+                )
+            except ValueError:  # a leaf this version does not read: kept without it
+                judged = None
         return (cert, key, ca), judged
 
     def refusal(self, mapping: mmap.mmap, name: str) -> Refusal | None:

@@ -1,0 +1,100 @@
+"""An SNI start at scale (issue 29): a large batch validated by one child per CPU at once, with the verdicts a single
+child gives, in order; a process starting after its server's arbiter validated every identity reads each identity's
+files once and validates none of them (the verdicts and the refusals are taken from the last good store). Real
+files and real validation children."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from pathlib import Path
+
+import pytest
+import trustme
+
+import tlsreload_plugins.examine
+import tlsreload_plugins.sni_ahead
+from tlsreload_plugins import SNIIdentities, validate_apart
+from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, read_files, validate
+from tlsreload_plugins.lastgood import SharedStore, keep_all_valid
+from tlsreload_plugins.sni import discover
+from tlstest import KubeletLayout, issue
+
+
+@pytest.fixture
+def children(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Validation in children although this process has loaded cryptography; the batch size of every child
+    started from now on, whatever thread started it."""
+    monkeypatch.setenv(validate_apart.VALIDATE_ENV, "process")
+    monkeypatch.setattr(validate_apart, "_fallback", None)
+    batches: list[int] = []
+    lock = threading.Lock()
+    real = validate_apart.validate_in_child
+
+    def counting(items: list[tuple[Snapshot, object]], **kwargs: object) -> list[object]:
+        with lock:
+            batches.append(len(items))
+        return real(items, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(validate_apart, "validate_in_child", counting)
+    return batches
+
+
+def recipe_for(files: TLSFiles) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(files.certfile, files.keyfile)
+    return context
+
+
+def test_a_large_batch_is_split_across_children_with_the_verdicts_one_child_gives(
+    ca: trustme.CA, children: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(validate_apart, "PER_CHILD", 2)
+    monkeypatch.setattr(validate_apart, "_cpus", lambda: 3)
+    pairs = [issue(ca) for _ in range(6)]
+    items = [
+        (Snapshot(TLSFiles(f"/site{i}/tls.crt", f"/site{i}/tls.key"), p.chain, p.key, None), None)
+        for i, p in enumerate(pairs)
+    ]
+    items.insert(4, (Snapshot(TLSFiles("/bad/tls.crt", "/bad/tls.key"), pairs[0].chain, pairs[1].key, None), None))
+    verdicts = validate_apart.validate_many(items)  # type: ignore[arg-type]
+    assert sorted(children) == [1, 3, 3]  # three children at once, 7 identities split 3, 3 and 1
+    for (snapshot, _), verdict in zip(items, verdicts, strict=True):
+        try:
+            expected: Leaf | str = validate(snapshot)
+        except InvalidIdentity as e:
+            expected = str(e)
+        assert (verdict if isinstance(verdict, Leaf) else str(verdict)) == expected
+
+
+def test_a_process_started_after_the_arbiter_validated_every_identity_reads_each_once_and_validates_none(
+    tmp_path: Path, ca: trustme.CA, children: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sni = tmp_path / "sni"
+    pairs = {f"site{i}": issue(ca, f"site{i}.example") for i in range(8)}
+    for name, pair in pairs.items():
+        KubeletLayout(sni / name).install(pair)
+    KubeletLayout(sni / "broken").write_raw(pairs["site0"].chain, pairs["site1"].key)
+    store = SharedStore()
+    refused = keep_all_valid(discover([str(sni)]), None, store)  # the arbiter, before it forks
+    assert list(refused) == ["broken"] and children == [9]
+
+    reads: list[str] = []
+    for module in (tlsreload_plugins.sni_ahead, tlsreload_plugins.examine):
+        real = module.read_files
+
+        def counting(files: TLSFiles, real: object = real) -> Snapshot:
+            reads.append(files.certfile)
+            return real(files)  # type: ignore[operator, no-any-return]
+
+        monkeypatch.setattr(module, "read_files", counting)
+    identities = SNIIdentities(str(sni), recipe_for=recipe_for, interval=60, store=store)  # type: ignore[arg-type]
+    assert children == [9]  # nothing validated again: the verdicts and the refusal are the arbiter's
+    assert sorted(reads) == sorted({str(sni / name / "tls.crt") for name in [*pairs, "broken"]})  # each read once
+    summary = identities.summary()
+    assert (summary.valid, list(summary.refused)) == (8, ["broken"]), summary
+    assert identities.unserved()["broken"].startswith(refused["broken"])  # with: no last good one kept
+    assert {name: reloader.leaf.serial for name, reloader in identities.reloaders().items()} == {
+        name: pair.serial for name, pair in pairs.items()
+    }
+    assert read_files(identities.reloaders()["site3"].files).cert == pairs["site3"].chain

@@ -41,7 +41,6 @@ import contextlib
 import functools
 import logging
 import os
-import ssl
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Set
@@ -54,7 +53,6 @@ from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles
 from .lastgood import LastGood, RecipeFor, SharedStore
 from .reloader import Examined, Offload, Outcome, Reloader, Status, resolve_interval
 from .sni_ahead import read_ahead
-from .sni_contexts import ContextCache
 
 # Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that
 # `from tlsreload_plugins.sni import X` keeps working.
@@ -63,9 +61,8 @@ from .sni_discovery import IDENTITY_FILES, SNI_ENV, _is_alive, discover, resolve
 from .sni_discovery import _discover as _discover
 from .sni_discovery import every_identity as every_identity
 from .sni_discovery import identity_files as identity_files
-from .sni_summary import Summary, summarize
+from .sni_served import ServedIdentities
 from .sni_table import host_names as host_names
-from .sni_table import lookup, routing_table
 from .sni_watch import ChangeTracker
 
 __all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
@@ -75,7 +72,7 @@ log = logging.getLogger("tlsreload_plugins.sni")
 _attached: weakref.WeakKeyDictionary[Reloader, SNIIdentities] = weakref.WeakKeyDictionary()
 
 
-class SNIIdentities:
+class SNIIdentities(ServedIdentities):
     """The SNI identities of one server: one :class:`~tlsreload_plugins.Reloader` each, and the
     table of server names that routes each handshake to one of them in constant time.
 
@@ -106,6 +103,7 @@ class SNIIdentities:
         store: SharedStore | None = None,
         export_metrics: bool = False,
     ) -> None:
+        super().__init__()  # what is served: sni_served
         self.directories = resolve_directories(directories)
         self.recipe_for = recipe_for
         self.ca_certs = ca_certs
@@ -115,13 +113,10 @@ class SNIIdentities:
         self.store = store
         self.export_metrics = export_metrics
         self._lock = threading.Lock()  # one scan at a time
-        self._identities: dict[str, Reloader] = {}
-        self._table: dict[str, Reloader] = {}
         self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs)
         self._found: dict[str, TLSFiles] = {}  # what the tracker found last
         self._count = 0  # how many identities it found (per-identity metrics below metrics.PER_IDENTITY_UP_TO)
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
-        self._contexts = ContextCache()
         self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
         self._read_ahead: dict[str, Snapshot] = {}  # the bytes of identities about to be added, read in one pass
         self._starting = True  # the first look: one summary line, not a line per identity
@@ -129,8 +124,6 @@ class SNIIdentities:
         self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
         self._missing: set[str] = set()
         self._pending: dict[str, str] = {}
-        self._unserved: dict[str, str] = {}
-        self._conflicts_logged: set[tuple[str, str, str]] = set()
         self._directories_missing: set[str] = set()
         self._shadowed_logged: set[str] = set()
         self.check(settle=False)
@@ -166,50 +159,6 @@ class SNIIdentities:
             "serving SNI identities from %s: %s", os.pathsep.join(identities.directories), identities.summary().line()
         )
         return identities
-
-    # -- the lookup (inside OpenSSL's ClientHello callback) ----------------------------------
-
-    def context_for(self, server_name: str | None) -> ssl.SSLContext | None:
-        """The newest context of the identity serving ``server_name``, or ``None`` when no SNI
-        identity does (the default identity's, then). What Go's ``GetCertificate`` returns: a
-        dispatcher of your own can delegate to it. Constant time; never raises."""
-        reloader = self.reloader_for(server_name)
-        # Built on the first handshake that names it (a concurrent one waits for that build), kept among
-        # the contexts of the identities asked for most recently (sni_contexts).
-        return None if reloader is None else self._contexts.get(reloader)
-
-    def reloader_for(self, server_name: str | None) -> Reloader | None:
-        """The :class:`~tlsreload_plugins.Reloader` of the identity serving ``server_name``, or ``None``."""
-        return lookup(self._table, server_name)
-
-    # -- reading state -------------------------------------------------------------------------
-
-    def reloaders(self) -> dict[str, Reloader]:
-        """The identities served, by name."""
-        return dict(self._identities)
-
-    def status(self) -> dict[str, Status]:
-        """Each served identity's :class:`~tlsreload_plugins.Status`, by name."""
-        return {name: reloader.status() for name, reloader in self._identities.items()}
-
-    def unserved(self) -> dict[str, str]:
-        """Identities found but not served (their files were never usable, or OpenSSL refused what
-        ``cryptography`` accepted), by name: why."""
-        refused = self._contexts.refused()
-        named = {name: refused[reloader] for name, reloader in self._identities.items() if reloader in refused}
-        return {**self._unserved, **named}
-
-    def summary(self) -> Summary:
-        """How many identities there are, how many are served and refused (and why), how many contexts are
-        built, which certificate expires first: what to read at 10,000 identities rather than :meth:`status`."""
-        leaves = {name: reloader.leaf for name, reloader in self._identities.items()}
-        unserved = self.unserved()
-        return summarize(leaves, unserved, len(leaves) + len(unserved.keys() - leaves.keys()), len(self._contexts))
-
-    def names(self) -> dict[str, str]:
-        """The routing table: each server name (or ``*.`` wildcard) and the identity that answers it."""
-        by_reloader = {id(reloader): name for name, reloader in self._identities.items()}
-        return {host: by_reloader.get(id(reloader), "?") for host, reloader in self._table.items()}
 
     # -- the scan ------------------------------------------------------------------------------
 
@@ -393,10 +342,6 @@ class SNIIdentities:
         if not self._starting:  # at start, one summary line for all of them
             log.info("SNI identity %s: %s", name, reloader.describe())
         return reloader
-
-    def _rebuild(self) -> None:
-        # One reference swap: a handshake sees the old table or the new one.
-        self._table = routing_table(self._identities, self._conflicts_logged)
 
 
 def for_reloader(default: Reloader) -> SNIIdentities | None:

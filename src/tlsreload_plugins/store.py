@@ -7,7 +7,7 @@ Two regions written alternately, each a table of identities by name (:func:`enco
 under a POSIX record lock; a spawn server's parent is the store's keeper (:class:`Keeper`,
 :mod:`tlsreload_plugins.store_keeper`), which its workers ask to look at new content. On Linux the
 mapping is a memfd, passed to spawned workers as a file descriptor when the store is pickled for
-them (:func:`shared_with_spawned_processes`); elsewhere they get a copy. What is kept, and how a
+them (:mod:`tlsreload_plugins.store_spawned`); elsewhere they get a copy. What is kept, and how a
 context is built from it, is :mod:`tlsreload_plugins.lastgood`'s. (These names are also importable
 from there, where they were first defined.)
 """
@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from .errors import InvalidIdentity
 from .files import Snapshot
@@ -34,6 +34,14 @@ from .identity import Leaf
 # `X as X`: the keeper moved to store_keeper.py; imported back so `from .store import X` keeps working.
 from .store_keeper import _PASSES as _PASSES
 from .store_keeper import Keeper as Keeper
+
+# `X as X`: how a store reaches a spawned process moved to store_spawned.py; imported back so
+# `from .store import X` keeps working.
+from .store_spawned import _attached as _attached
+from .store_spawned import _copied as _copied
+from .store_spawned import _Descriptor as _Descriptor
+from .store_spawned import _for_process_being_started as _for_process_being_started
+from .store_spawned import shared_with_spawned_processes as shared_with_spawned_processes
 
 # `X as X`: the table's encoding moved to store_table.py; imported back so `from .store import X` keeps working.
 from .store_table import _COUNT as _COUNT
@@ -78,40 +86,6 @@ judges the content itself. The keeper validates in a child process (:mod:`tlsrel
 
 def _named(name: str) -> str:
     return f"SNI identity {name}" if name else "the server"
-
-
-class _Descriptor(Protocol):
-    """What multiprocessing hands a child for a file descriptor it passed along (``DupFd``)."""
-
-    def detach(self) -> int: ...
-
-
-def _for_process_being_started(*fds: int | None) -> tuple[_Descriptor | None, ...] | None:
-    """``fds`` wrapped to be passed to the process multiprocessing is starting now (it pickles that
-    process's arguments, a server's configuration among them), or ``None`` when it is starting none."""
-    try:
-        from multiprocessing import context, reduction
-
-        if context.get_spawning_popen() is None:
-            return None
-        return tuple(None if fd is None else reduction.DupFd(fd) for fd in fds)
-    except (ImportError, AttributeError):  # multiprocessing changed: the child gets a copy (see keep_newest_valid)
-        return None
-
-
-def shared_with_spawned_processes() -> str | None:
-    """``None`` when a :class:`SharedStore` pickled for a process multiprocessing starts (uvicorn's
-    and hypercorn's workers) is shared with it, live; otherwise why the process gets a copy."""
-    if not hasattr(os, "memfd_create"):
-        return "this system has no memfd_create"
-    try:
-        from multiprocessing import context, reduction
-    except ImportError as e:
-        return f"multiprocessing cannot be imported: {e}"
-    for module, name in ((context, "get_spawning_popen"), (reduction, "DupFd")):
-        if not callable(getattr(module, name, None)):
-            return f"multiprocessing.{module.__name__.rpartition('.')[2]}.{name} is missing in this Python"
-    return None
 
 
 class SharedStore:
@@ -383,23 +357,3 @@ class SharedStore:
         os.set_blocking(write_end, False)  # shared with the children: a full pipe never blocks a worker
         self._asks = write_end
         return Keeper(self, read_end)
-
-
-def _attached(mapping: _Descriptor, asks: _Descriptor | None, region_bytes: int) -> SharedStore:
-    """The :class:`SharedStore` a spawned process shares with its parent, from the descriptors passed."""
-    store = SharedStore.__new__(SharedStore)
-    store._region = _HEADER.size + region_bytes
-    store._fd = store._lock_fd = mapping.detach()
-    store._map = mmap.mmap(store._fd, _PASSES.size + 2 * store._region, flags=mmap.MAP_SHARED)
-    store._asks = asks.detach() if asks is not None else None
-    store._start_in_process()
-    return store
-
-
-def _copied(payload: bytes, region_bytes: int) -> SharedStore:
-    """A :class:`SharedStore` of this process only, holding the table ``payload`` (see :func:`encode`)."""
-    store = SharedStore(region_bytes)
-    table = decode(payload)
-    if table:
-        store._change(DEFAULT, lambda kept, refused: kept.update(table))
-    return store

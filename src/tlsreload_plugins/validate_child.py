@@ -17,14 +17,13 @@ parent's ``sys.path`` finds ``cryptography`` where the parent would.
 Deadlines: :data:`START_WAIT` for the child to be ready, then :data:`ITEM_WAIT` between two verdicts; a child
 past either is killed (``SIGKILL``) and reaped. The reap tolerates a child someone else reaped (a server's or
 gevent's ``SIGCHLD`` handler). Only functions gevent's monkey-patching leaves alone are used (taken from
-``gevent.monkey.get_original`` when it is loaded): checks call this from native threads, gevent's hub
-threadpool included, where the cooperative versions must not be used.
+``gevent.monkey.get_original`` when it is loaded, by :mod:`tlsreload_plugins.child_process`): checks call this
+from native threads, gevent's hub threadpool included, where the cooperative versions must not be used.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import signal
@@ -34,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, BinaryIO
 
+from . import child_process
 from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, password_bytes, validate
 
 __all__ = ["ITEM_WAIT", "START_WAIT", "ChildUnavailable", "Verdict", "serve", "unforeseen", "validate_in_child"]
@@ -52,6 +52,13 @@ BATCH_PAUSE = 0.005
 
 Verdict = Leaf | InvalidIdentity
 """What validation finds for one identity."""
+
+# Moved to child_process, under the names they had here (validate_apart imports _original from this module).
+_original = child_process.original
+_above_stdio = child_process.above_stdio
+_inherited = child_process.inherited
+_select_flag = child_process.select_flag
+_ended = child_process.ended
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _BOOT = (
@@ -80,14 +87,6 @@ def unforeseen(files: TLSFiles, e: Exception) -> InvalidIdentity:
 
 
 # -- the parent's side ------------------------------------------------------------------------------------------
-
-
-def _original(module: str, name: str) -> Any:
-    """``module.name`` as it was before gevent's monkey-patching, if any."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None:
-        return monkey.get_original(module, name)
-    return getattr(importlib.import_module(module), name)
 
 
 def validate_in_child(
@@ -137,34 +136,6 @@ def validate_in_child(
         for fd in (to_child, from_child, errors):
             if fd not in talk.closed:
                 close(fd)
-
-
-def _above_stdio(fd: int) -> int:
-    # A pipe end numbered 0-2 (a daemon with its standard streams closed) would be dup2-ed onto itself, keep its
-    # close-on-exec flag, and be closed in the child.
-    if fd > 2:
-        return fd
-    import fcntl
-
-    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
-    _original("os", "close")(fd)
-    return high
-
-
-def _inherited() -> list[int]:
-    """This process's descriptors a child would inherit (above 2): closed in the child, which needs only its three
-    pipes (a server's listening sockets stay the server's). Linux only (elsewhere a close of a descriptor closed
-    meanwhile would fail the spawn)."""
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return []
-    inherited = []
-    for name in names:
-        with contextlib.suppress(OSError, ValueError):
-            if int(name) > 2 and os.get_inheritable(int(name)):
-                inherited.append(int(name))
-    return inherited
 
 
 def _frames(items: Sequence[tuple[Snapshot, Password]]) -> Iterator[bytes]:
@@ -319,22 +290,6 @@ class _Talk:
                 return _ended(status)
             kill = time.monotonic() > deadline
             sleep(0.002)
-
-
-def _select_flag(name: str) -> int:
-    import select
-
-    flag: int = getattr(select, name)
-    return flag
-
-
-def _ended(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(number).name}"
-        return f"killed by signal {number}"
-    return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
 def _verdict(answer: dict[str, Any]) -> Verdict:

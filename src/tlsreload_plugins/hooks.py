@@ -6,6 +6,7 @@ as the user wraps the user's hook:
 
 * :func:`before` and :func:`after`: one hook calling ours and theirs, with our hook's signature;
 * :func:`made_by`: whether the hook in effect is still one of ours (a hook defined later replaces it);
+  :func:`still_ours` logs why nothing is reloaded when it is not;
 * :class:`Aside`: a flag our hook reads to step aside while our own code calls the server's builder,
   which calls the hook;
 * :func:`option_value`: an option of a command line the server parses, such as its configuration's;
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import sys
 import threading
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, TypeVar, cast
 
-__all__ = ["Aside", "after", "before", "imported_again_on", "made_by", "option_value"]
+__all__ = ["Aside", "after", "before", "imported_again_on", "made_by", "option_value", "still_ours"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,6 +72,30 @@ def made_by(hook: object, maker: Callable[..., object]) -> bool:
     """Whether ``hook`` is a function defined inside ``maker`` (one of the hooks it returned): how glue tells
     its own hook, still in effect, from one the user's configuration defined after it."""
     return getattr(hook, "__qualname__", "").startswith(f"{maker.__qualname__}.")
+
+
+def still_ours(hook: object, maker: Callable[..., object], name: str, log: logging.Logger) -> bool:
+    """Whether the ``name`` hook in effect is one ``maker`` made (:func:`made_by`). When it is not, one defined after
+    ``maker(globals())`` replaced ours: the server never asks us for a context, so a reloader would claim reloads no
+    handshake gets; one ERROR line on ``log`` says that this worker's certificate is not reloaded, and why.
+
+    Returns:
+        ``True`` when the hook is ours; ``False``, after the ERROR line, when not.
+
+    Example: ``if still_ours(cfg.ssl_context, add_reload, "ssl_context", log): start_reloading()``.
+    """
+    if made_by(hook, maker):
+        return True
+    call = f"{maker.__name__}(globals())"
+    log.error(
+        "the %s hook in effect (%s) is not tlsreload's: one defined after %s replaces it, and this worker's "
+        "certificate is NOT reloaded; call %s last",
+        name,
+        getattr(hook, "__qualname__", repr(hook)),
+        call,
+        call,
+    )
+    return False
 
 
 class Aside(threading.local):

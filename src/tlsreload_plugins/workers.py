@@ -11,12 +11,13 @@ its workers share; then, in each worker:
 * *spawned* (the store travels with the worker's configuration, kept current by the parent): the glue
   makes the reloader where the server builds its context, waiting as :func:`waiting_in_spawned_worker`
   says when nothing valid is left to serve.
-* :func:`glue_for`: a worker class another server ships builds its context its own way; that server's
-  glue knows how to reach it.
+* :func:`glue_for`, :func:`prepare_worker_class`: a worker class another server ships builds its context
+  its own way; that server's glue knows how to reach it, and prepares the class (or refuses it).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import multiprocessing
@@ -36,6 +37,7 @@ from .settings import resolve_password
 
 __all__ = [
     "glue_for",
+    "prepare_worker_class",
     "reloaders_here",
     "run_here",
     "running_here",
@@ -145,6 +147,26 @@ def glue_for(cls: object, glue_by_package: Mapping[str, str]) -> str | None:
         if glue is not None:
             return glue
     return None
+
+
+def prepare_worker_class(cls: object, name: str, glue_by_package: Mapping[str, str], *, server: str) -> None:
+    """Have the glue that :func:`glue_for` names for the worker class ``cls`` prepare it for ``server``: its
+    function ``prepare_<server>_worker_class(cls, name)`` (in :mod:`tlsreload_plugins.servers`), which configures
+    the class or refuses it; nothing when ``glue_by_package`` names no glue for it. For the server's parent, at start.
+
+    Args:
+        cls: the worker class; name: how the user named it, for messages.
+        glue_by_package: as for :func:`glue_for`.
+        server: the server whose workers they are (``"gunicorn"``).
+
+    Raises:
+        ValueError: the glue refuses the class: its certificate could not be reloaded (the text says why).
+
+    Example: ``prepare_worker_class(cfg.worker_class, cfg.worker_class_str, {"aiohttp": "aiohttp"}, server="gunicorn")``
+    """
+    glue = glue_for(cls, glue_by_package)
+    if glue is not None:
+        getattr(importlib.import_module(f"{__package__}.servers.{glue}"), f"prepare_{server}_worker_class")(cls, name)
 
 
 # -- spawned workers --------------------------------------------------------------------------------

@@ -1,100 +1,67 @@
 """gunicorn glue: reload the TLS certificate inside every worker, whatever the worker class (see docs/gunicorn.md).
 
-How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``add_reload(globals())``
-last in your own ``gunicorn.conf.py``, which wraps its ``ssl_context``, ``on_starting``, ``post_worker_init`` and
-``worker_exit`` hooks (yours still run); gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``; ``tls_sni`` and
-``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``. Where the context is built: your ``ssl_context`` hook on
-gunicorn's default factory is the recipe; the hook then hands out the worker's reloading context (``sync`` and
-``gthread`` ask per connection, the others once; ``uvicorn_worker.UvicornWorker`` never asks: its ``CONFIG_KWARGS``
-get a factory, see :mod:`tlsreload_plugins.servers.uvicorn_worker`). Worker lifecycle: forked. The arbiter checks
-the files in ``on_starting``, before it binds, into the last good store every worker shares; each worker makes its
-reloader in ``post_worker_init`` (after gevent's patching) and stops it in ``worker_exit``.
+How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``add_reload(globals())`` last in
+your ``gunicorn.conf.py`` (your hooks still run); gunicorn's ``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni``,
+``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``. Where the context is built: your ``ssl_context`` hook on gunicorn's
+default factory is the recipe; the hook then hands out the worker's reloading context (``sync`` and ``gthread`` ask
+per connection, the others once; ``UvicornWorker`` never asks: see :mod:`tlsreload_plugins.servers.uvicorn_worker`).
+Worker lifecycle: forked. The arbiter checks the files in ``on_starting``, before it binds, into the last good store
+its workers share; each worker makes its reloader in ``post_worker_init`` (after gevent's patching) and stops it in
+``worker_exit``.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import logging
 import os
 import shlex
 import ssl
 import sys
 from collections.abc import Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .. import logs
 from ..configured import server_context
 from ..files import Password, TLSFiles
-from ..hooks import Aside, after, before, imported_again_on, made_by, option_value
+from ..hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
 from ..lastgood import RecipeFor, SharedStore
 from ..reloader import Recipe, Reloader, resolve_password
 from ..serving import CannotServe, Settings, check_at_start, exit_if_cannot_serve
-from ..workers import glue_for, running_here, serve_in_worker, stop_here
+from ..workers import glue_for, prepare_worker_class, running_here, serve_in_worker, stop_here
 from ..workers import reloaders_here as reloaders
 
-__all__ = ["add_reload", "reload_hooks", "reloaders", "worker_reloader"]
+__all__ = ["add_reload", "reloaders", "worker_reloader"]
 
 log = logging.getLogger("tlsreload_plugins.gunicorn")
 
 STARTUP_FAILURE = 1
-"""Exit status of the arbiter when the TLS files or settings are unusable at start-up (gunicorn's own
-for a configuration error)."""
+"""The arbiter's exit status when the TLS files or settings are unusable at start (gunicorn's configuration error)."""
 
 DROP_IN = "python:tlsreload_plugins.gunicorn_conf"
 """The drop-in configuration, as given to ``-c``."""
 
 OTHER_SERVERS_WORKERS = {"uvicorn_worker": "uvicorn_worker", "uvicorn": "uvicorn_worker", "aiohttp": "aiohttp"}
-"""Worker classes another server ships, by its top-level package: the glue that knows how they build their
-context (its ``prepare_gunicorn_worker_class`` configures the class, or refuses it with one line)."""
+"""Worker classes another server ships, by its top-level package: the glue that knows how they build their context
+(its ``prepare_gunicorn_worker_class`` configures the class, or refuses it with one line)."""
 
 SSLContextHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
-Hook = Callable[..., object]
 
 _building = Aside()
 """Set while a reload calls gunicorn's factory, so that our own hook hands it the user's context."""
 
 _last_good: SharedStore | None = None
-"""The newest identity any worker served, in memory shared by the arbiter and every worker it forks
-(created in the arbiter before the first fork). Shared memory rather than the arbiter reading the files
-in a thread: a fork() while another thread is inside OpenSSL could leave the child's locks held forever."""
+"""The newest identity any worker served, shared by the arbiter and every worker (created before the first fork).
+Not the arbiter reading the files in a thread: a fork() while a thread is inside OpenSSL could leave locks held."""
 
 chained_config: str | None = None
 """The configuration the drop-in applied besides itself (``./gunicorn.conf.py``, ...), for the start-up log."""
 
 
 def worker_reloader() -> Reloader | None:
-    """The current worker's :class:`~tlsreload_plugins.Reloader`: ``None`` in the arbiter, without
-    TLS, or before the worker has built it (a ``UvicornWorker`` builds it as its server starts)."""
+    """This worker's :class:`~tlsreload_plugins.Reloader`; ``None`` in the arbiter, without TLS, or not yet built."""
     return running_here()
-
-
-def reload_hooks(
-    ssl_context: SSLContextHook | None = None,
-    post_worker_init: Hook | None = None,
-    worker_exit: Hook | None = None,
-    when_ready: Hook | None = None,
-    *,
-    on_starting: Hook | None = None,
-    interval: float | None = None,
-    sni: Sequence[str] | str | None = None,
-    metrics: bool | None = None,
-) -> dict[str, Callable[..., Any]]:
-    """gunicorn hooks ``ssl_context``, ``on_starting``, ``post_worker_init`` and ``worker_exit`` that add
-    certificate reloading to the given ones (each may be ``None``); most configurations want :func:`add_reload`.
-
-    Args:
-        when_ready: returned unchanged (the start-up check runs in ``on_starting``, before binding).
-        interval, sni, metrics: as :func:`add_reload` (with no module to read: the ``$TLSRELOAD_*`` variables).
-
-    Returns:
-        The hooks by name, for a configuration module's namespace.
-    """
-    names = ("ssl_context", "on_starting", "post_worker_init", "worker_exit")
-    hooks: dict[str, Any] = dict(zip(names, (ssl_context, on_starting, post_worker_init, worker_exit), strict=True))
-    add_reload(hooks, interval=interval, sni=sni, metrics=metrics)
-    return hooks if when_ready is None else {**hooks, "when_ready": when_ready}
 
 
 def add_reload(
@@ -127,11 +94,9 @@ def add_reload(
         reloader = running_here()
         if reloader is not None and not _building:
             return reloader.context
-        password = resolve_password(None)
-        if password is None:
-            return user_ssl_context(conf, default_ssl_context_factory)
-        # gunicorn's factory loads the key with no password, for which OpenSSL would prompt on a tty.
-        return user_ssl_context(conf, lambda: _default_context(conf, password))
+        password = resolve_password(None)  # gunicorn's factory loads the key with none (OpenSSL would prompt on a tty)
+        factory = default_ssl_context_factory if password is None else lambda: _default_context(conf, password)
+        return user_ssl_context(conf, factory)
 
     namespace["ssl_context"] = reloading_ssl_context
     namespace["on_starting"] = before(lambda server: _check_at_start(server, settings), namespace.get("on_starting"))
@@ -149,9 +114,8 @@ def config_locations() -> tuple[str | None, str | None]:
 
 
 def drop_in_settings(module: str) -> dict[str, Any]:
-    """The settings of the drop-in (:mod:`tlsreload_plugins.gunicorn_conf`, imported as ``module``): those of the
-    configuration gunicorn would have read without it, reloading added to its hooks. gunicorn applies
-    ``$GUNICORN_CMD_ARGS`` and the command line over them, as it always does."""
+    """The drop-in's settings (``module``): the configuration gunicorn would have read without it, with reloading
+    added to its hooks; gunicorn applies ``$GUNICORN_CMD_ARGS`` and the command line over them, as always."""
     from gunicorn.app.base import Application  # type: ignore[import-untyped]
     from gunicorn.config import KNOWN_SETTINGS  # type: ignore[import-untyped]
 
@@ -173,9 +137,8 @@ def drop_in_settings(module: str) -> dict[str, Any]:
 
 
 def _replaced_config() -> str | None:
-    """The configuration gunicorn would have read without the drop-in (gunicorn/app/base.py ``load_config``: the
-    command line's ``-c``, else ``$GUNICORN_CMD_ARGS``', else ``./gunicorn.conf.py`` when it exists); ``None`` when
-    there is none, or the drop-in was not named with ``-c`` (a custom application loads it by itself)."""
+    """What gunicorn would read without the drop-in (``load_config``: the command line's ``-c``, else that of
+    ``$GUNICORN_CMD_ARGS``, else ``./gunicorn.conf.py``); ``None``: none, or the drop-in not given with ``-c``."""
     from gunicorn.config import get_default_config_file
 
     command_line, environment = config_locations()
@@ -183,13 +146,11 @@ def _replaced_config() -> str | None:
         return None
     if command_line and environment not in (None, DROP_IN):
         return environment
-    path: str | None = get_default_config_file()
-    return path
+    return cast("str | None", get_default_config_file())
 
 
 def _check_at_start(arbiter: Any, settings: Settings) -> None:
-    """In the arbiter, before it binds: halt gunicorn with one error line when a setting or the files
-    cannot make a context, instead of starting workers that fail."""
+    """In the arbiter, before it binds: one error line and a halt when a setting or the files cannot serve."""
     global _last_good
     logs.share_handlers(getattr(arbiter.log, "error_log", None))
     if chained_config is not None:
@@ -205,10 +166,7 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
                 f"cannot serve TLS: --keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
                 "(the key may be in the certificate file, not the other way round)"
             )
-        glue = glue_for(cfg.worker_class, OTHER_SERVERS_WORKERS)
-        if glue is not None:  # raises ValueError when the class builds a context no hook of ours reaches
-            other_server = importlib.import_module(f"{__package__}.{glue}")
-            other_server.prepare_gunicorn_worker_class(cfg.worker_class, cfg.worker_class_str)
+        prepare_worker_class(cfg.worker_class, cfg.worker_class_str, OTHER_SERVERS_WORKERS, server="gunicorn")
         _last_good = _last_good or SharedStore()
         check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, _last_good, forks=True)
 
@@ -222,33 +180,26 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
     cfg = worker.cfg
     if not cfg.is_ssl:
         return
+
+    def serve(recipe: Recipe, recipe_for: RecipeFor) -> Reloader:  # with nothing valid, waits (telling the arbiter)
+        return serve_in_worker(
+            _files(cfg), recipe, recipe_for, settings=settings, store=_last_good, between=worker.notify, boot_error=3
+        )  # 3: gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
+
     if glue_for(type(worker), OTHER_SERVERS_WORKERS) == "uvicorn_worker":
         from . import uvicorn_worker  # its uvicorn calls the factory as it starts serving, after this hook
 
-        uvicorn_worker.in_gunicorn_worker(
-            worker, user_ssl_context, lambda *recipes: serve(worker, *recipes, settings=settings)
-        )
-        return
-    if not made_by(cfg.ssl_context, add_reload):
-        # An ssl_context defined after add_reload(globals()) replaced ours: gunicorn never asks us for a
-        # context, so a reloader here would claim reloads that no handshake gets.
-        log.error(
-            "the ssl_context hook in effect (%s) is not tlsreload's: one defined after add_reload(globals()) "
-            "replaces it, and this worker's certificate is NOT reloaded; call add_reload(globals()) last",
-            getattr(cfg.ssl_context, "__qualname__", repr(cfg.ssl_context)),
-        )
-        return
-    serve(worker, lambda: _context_of(cfg), lambda files: _context_of(with_files(cfg, files)), settings=settings)
+        uvicorn_worker.in_gunicorn_worker(worker, user_ssl_context, serve)
+    elif still_ours(cfg.ssl_context, add_reload, "ssl_context", log):
+        serve(lambda: _context_of(cfg), lambda files: _context_of(with_files(cfg, files)))
 
 
 def _context_of(cfg: Any) -> ssl.SSLContext:
-    """gunicorn's own path to its context (its default factory, with ALPN, through the user's hook), with
-    our hook stepping aside so that it returns the user's fresh context instead of the live one."""
+    """gunicorn's own path to its context (its default factory through the user's hook), ours stepping aside."""
     from gunicorn import sock  # type: ignore[import-untyped]  # here: gunicorn is an optional dependency
 
     with _building:
-        context: ssl.SSLContext = sock.ssl_context(cfg)
-    return context
+        return cast(ssl.SSLContext, sock.ssl_context(cfg))
 
 
 def _default_context(conf: Any, password: Password) -> ssl.SSLContext:
@@ -275,23 +226,8 @@ def with_files(cfg: Any, files: TLSFiles) -> Any:
     return conf
 
 
-def serve(worker: Any, recipe: Recipe, recipe_for: RecipeFor, *, settings: Settings) -> Reloader:
-    """Make this worker's reloader and start checking it; a worker with nothing valid to serve waits
-    for usable files (telling the arbiter it is alive), and leaves with status 0 when asked to stop."""
-    return serve_in_worker(
-        _files(worker.cfg),
-        recipe,
-        recipe_for,
-        settings=settings,
-        store=_last_good,
-        between=worker.notify,
-        boot_error=3,  # gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
-    )
-
-
 def _refuse_as_configuration() -> None:
-    """``-c python:tlsreload_plugins.gunicorn`` (the library, not the drop-in) would run with no reloading:
-    refuse it, through gunicorn's own one-line configuration error (``Error: ...``, exit 1)."""
+    """Refuse ``-c python:tlsreload_plugins.gunicorn`` (the library: no reloading) with gunicorn's config error."""
     command_line, environment = config_locations() if "gunicorn.app.base" in sys.modules else (None, None)
     wrong = "python:tlsreload_plugins.gunicorn"
     if (command_line or environment) == wrong:  # as gunicorn reads -c: the command line's, else $GUNICORN_CMD_ARGS'

@@ -6,6 +6,8 @@ over its configuration object, aimed at other files.
 * A server configured by an object (its settings as attributes): its files (:func:`config_files`), its
   recipes (:func:`config_recipes`), its reloader (:func:`start_from_config`) and its check at start
   (:func:`check_config_at_start`).
+* :func:`parameter_names`: what the server's own function takes, in the version installed (a keyword
+  argument an older one lacks is not passed; a way in that is gone stops the start).
 
 A recipe must build with the server's own code, so that its ciphers, ALPN, verify mode and options apply on
 every reload; aimed at other files (an SNI identity, the last good identity), it builds from a copy of the
@@ -17,6 +19,8 @@ password may come with a new key). Nothing here knows a server.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import ssl
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -27,7 +31,14 @@ from .reloader import Recipe, Reloader
 from .serving import CannotServe, Settings, Waiting, check_at_start, start_reloader
 from .settings import resolve_password
 
-__all__ = ["check_config_at_start", "config_files", "config_recipes", "server_context", "start_from_config"]
+__all__ = [
+    "check_config_at_start",
+    "config_files",
+    "config_recipes",
+    "parameter_names",
+    "server_context",
+    "start_from_config",
+]
 
 C = TypeVar("C")
 
@@ -60,6 +71,15 @@ def server_context(
     if alpn:
         context.set_alpn_protocols(alpn)
     return context
+
+
+@functools.cache
+def parameter_names(function: Callable[..., object]) -> frozenset[str]:
+    """The names of the parameters ``function`` (a class: its constructor) takes, inspected once per function.
+
+    Example: ``if "alpn_protocols" in parameter_names(create_ssl_context): kwargs["alpn_protocols"] = alpn``.
+    """
+    return frozenset(inspect.signature(function).parameters)
 
 
 def config_files(config: object, names: tuple[str, str, str, str]) -> TLSFiles:

@@ -5,18 +5,19 @@ A drop-in command is the server's command, every option keeping the server's mea
 :func:`add_options` for a server whose command is argparse's, :func:`with_tls_options` for one whose
 command is click's. Their values become a :class:`~tlsreload_plugins.serving.Settings`, whose bad
 values are usage errors (exit 2) like any other option's:
-``settings.check(as_options=True)`` names them. Nothing here knows a server; click is imported only
-by :func:`with_tls_options`.
+``settings.check(as_options=True)`` names them (:func:`click_settings` for a click command). Nothing
+here knows a server; click is imported only by the functions for a click command.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .metrics import METRICS_ENV
+from .serving import Settings
 from .settings import INTERVAL_ENV, MIN_INTERVAL
 from .sni import SNI_ENV
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # a drop-in command's only: its workers, which import the glu
 
     import click
 
-__all__ = ["OPTION_HELP", "add_options", "with_tls_options"]
+__all__ = ["OPTION_HELP", "add_options", "click_settings", "with_tls_options"]
 
 OPTION_HELP = {
     "--tls-reload-interval": "Seconds between checks of the TLS certificate files. "
@@ -89,6 +90,27 @@ def with_tls_options(stock: click.Command, callback: Callable[..., object], *, a
     command.params = [*params[:at], *ours, *params[at:]]
     command.callback = callback
     return command
+
+
+def click_settings(tls_reload_interval: float | None, tls_sni: Sequence[str], tls_metrics: bool) -> Settings:
+    """The :class:`~tlsreload_plugins.serving.Settings` of the options :func:`with_tls_options` hands its
+    callback, checked: a bad value, or a bad ``$TLSRELOAD_*`` variable, is the command's usage error.
+
+    Raises:
+        click.UsageError: a setting is not usable (exit 2), named as :meth:`~tlsreload_plugins.serving.Settings.check`
+            names it.
+
+    Example: ``settings = click_settings(tls_reload_interval, tls_sni, tls_metrics)``, once the server's own
+    environment file is loaded (it may set ``$TLSRELOAD_*``).
+    """
+    import click
+
+    settings = Settings(tls_reload_interval, tls_sni or None, tls_metrics or None)
+    try:
+        settings.check(as_options=True)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    return settings
 
 
 def _with_our_version(param: click.Parameter) -> click.Parameter:

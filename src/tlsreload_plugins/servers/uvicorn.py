@@ -11,7 +11,6 @@ or spawned by uvicorn's supervisor, which the parent's last good store reaches w
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import os
 import ssl
@@ -20,27 +19,20 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import lifespan, logs
-from ..configured import check_config_at_start, config_recipes, start_from_config
+from ..configured import check_config_at_start, config_recipes, parameter_names, start_from_config
 from ..lastgood import SharedStore
 from ..lifespan import TLSReloadLifespan, reloaders, reloading_certificates
 from ..reloader import Recipe, Reloader
 from ..serving import Settings, exit_if_cannot_serve
 from ..settings import resolve_password
-from ..tls_options import with_tls_options
+from ..tls_options import click_settings, with_tls_options
 from ..workers import waiting_in_spawned_worker
 
 if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so that a missing extra is one
     import uvicorn  # clear line, not a ModuleNotFoundError from this module's import
 
-__all__ = [
-    "LIFESPAN_GRACE",
-    "STARTUP_FAILURE",
-    "TLSReloadLifespan",
-    "main",
-    "reloaders",
-    "reloading_certificates",
-    "reloading_ssl_context",
-]
+__all__ = ["LIFESPAN_GRACE", "STARTUP_FAILURE", "TLSReloadLifespan", "main", "reloaders"]
+__all__ += ["reloading_certificates", "reloading_ssl_context"]
 
 log = logging.getLogger("tlsreload_plugins.uvicorn")
 
@@ -51,8 +43,6 @@ LIFESPAN_GRACE = 30.0
 """Seconds after start-up after which a reloader no lifespan checks is checked anyway, with a warning."""
 
 route_logs = lifespan.route_logs = functools.partial(logs.forward_to, logging.getLogger("uvicorn.error"))
-
-# -- the context factory -------------------------------------------------------------------
 
 
 def reloading_ssl_context(
@@ -71,7 +61,7 @@ def reloading_ssl_context(
         default_factory: uvicorn's own, the recipe. ``interval``, ``sni``, ``metrics``: see ``serving.Settings``.
 
     Returns:
-        The context, checked while the app's lifespan runs (see the module docstring).
+        The context, checked while the app's lifespan runs.
 
     Raises:
         SystemExit: the files or settings are not usable: one ERROR line, :data:`STARTUP_FAILURE`.
@@ -83,9 +73,8 @@ def reloading_ssl_context(
 
 
 def _context(config: Any, factory: Recipe, settings: Settings, last_good: SharedStore | None = None) -> ssl.SSLContext:
-    """``last_good``: the drop-in's, from its parent. The drop-in's checks run from the server's loop until the
-    process exits (the app needs no lifespan extension); a process started while nothing valid is kept waits
-    for usable files (exiting would stop uvicorn's supervisor)."""
+    """``last_good``: the drop-in's, from its parent; its checks run from the server's loop (no lifespan needed),
+    and a process with nothing valid to serve waits for usable files (exiting would stop uvicorn's supervisor)."""
     route_logs()
     with exit_if_cannot_serve(STARTUP_FAILURE):
         waiting = waiting_in_spawned_worker() if last_good is not None else None
@@ -103,13 +92,12 @@ NAMES = ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "ssl_keyfile_password") 
 
 
 def _uvicorn_context(config: Any) -> ssl.SSLContext:
-    """uvicorn's default factory (uvicorn/config.py, ``Config.load``) for a ``uvicorn.Config``, or a copy: with
-    the ALPN protocols of its HTTP protocol class (``load()`` sets it), where this uvicorn has them, as its own does."""
+    """uvicorn's default factory (uvicorn/config.py, ``Config.load``) for a ``uvicorn.Config``, or a copy, with the
+    ALPN protocols of its HTTP protocol class (``load()`` sets it) where its ``create_ssl_context`` takes them."""
     from uvicorn.config import create_ssl_context
 
     alpn = getattr(getattr(config, "http_protocol_class", None), "alpn_protocols", None)
-    if "alpn_protocols" not in inspect.signature(create_ssl_context).parameters:
-        alpn = None  # an older uvicorn (0.47) sets no ALPN on its own context either
+    takes_alpn = "alpn_protocols" in parameter_names(create_ssl_context)  # uvicorn 0.47 (the floor) sets none either
     return create_ssl_context(
         keyfile=config.ssl_keyfile,
         certfile=config.ssl_certfile,
@@ -118,21 +106,17 @@ def _uvicorn_context(config: Any) -> ssl.SSLContext:
         cert_reqs=config.ssl_cert_reqs,
         ca_certs=config.ssl_ca_certs,
         ciphers=config.ssl_ciphers,
-        **({"alpn_protocols": alpn} if alpn else {}),
+        **({"alpn_protocols": alpn} if alpn and takes_alpn else {}),
     )
 
 
-# -- gunicorn's UvicornWorker: its uvicorn.Config is made of gunicorn's settings plus the class's CONFIG_KWARGS
-# (uvicorn-worker's documented way to pass more); it never calls gunicorn's ssl_context hook. The gunicorn glue
-# calls the next two, in the arbiter and in each worker, and makes and drives the worker's reloader.
+# -- gunicorn's UvicornWorker: its uvicorn.Config is gunicorn's settings plus the class's CONFIG_KWARGS (the documented
+# way to pass more); it never calls gunicorn's ssl_context hook. The gunicorn glue calls the next two.
 
 
 def prepare_gunicorn_worker_class(worker_class: Any, name: str) -> None:
-    """Add an ``ssl_context_factory`` to a ``UvicornWorker`` class's ``CONFIG_KWARGS``, for :func:`in_gunicorn_worker`.
-
-    Raises:
-        ValueError: that way is gone (no ``CONFIG_KWARGS``, or a uvicorn without ``ssl_context_factory``).
-    """
+    """In the arbiter: add a placeholder ``ssl_context_factory`` to a ``UvicornWorker`` class's ``CONFIG_KWARGS``
+    (:func:`in_gunicorn_worker` replaces it). Raises ``ValueError``: no ``CONFIG_KWARGS``, or no such factory."""
     import uvicorn
 
     kwargs = getattr(worker_class, "CONFIG_KWARGS", None)
@@ -141,19 +125,16 @@ def prepare_gunicorn_worker_class(worker_class: Any, name: str) -> None:
             f"the worker class {name} has no CONFIG_KWARGS (uvicorn-worker's way to configure "
             "uvicorn): certificates cannot be reloaded with this version"
         )
-    if "ssl_context_factory" not in inspect.signature(uvicorn.Config).parameters:
+    if "ssl_context_factory" not in parameter_names(uvicorn.Config):
         raise ValueError(
             f"uvicorn {uvicorn.__version__} has no Config(ssl_context_factory=...): upgrade to uvicorn 0.47 or newer"
         )
     worker_class.CONFIG_KWARGS = {**kwargs, "ssl_context_factory": _not_in_gunicorn_worker}
 
 
-def in_gunicorn_worker(
-    worker: Any, user_ssl_context: Callable[..., ssl.SSLContext], serve: Callable[..., Reloader]
-) -> None:
-    """In a ``UvicornWorker``'s ``post_worker_init``: check that the factory reached uvicorn's Config (the
-    worker's undocumented ``config``; the worker stops when it did not), and make it reloading: the user's
-    ``ssl_context`` hook on uvicorn's default factory, ``serve(recipe, recipe_for)`` making the reloader."""
+def in_gunicorn_worker(worker: Any, hook: Callable[..., ssl.SSLContext], serve: Callable[..., Reloader]) -> None:
+    """In a ``UvicornWorker``'s ``post_worker_init``: its ``config``'s placeholder becomes the user's ``ssl_context``
+    ``hook`` on uvicorn's default factory, ``serve(recipe, recipe_for)`` making the reloader (no placeholder: exit)."""
     config: Any = getattr(worker, "config", None)
     if getattr(config, "ssl_context_factory", None) is not _not_in_gunicorn_worker:
         log.error(
@@ -162,7 +143,7 @@ def in_gunicorn_worker(
             type(worker).__name__,
         )
         sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR: the arbiter stops with "Worker failed to boot."
-    config.ssl_context_factory = functools.partial(_gunicorn_worker_context, worker, user_ssl_context, serve)
+    config.ssl_context_factory = functools.partial(_gunicorn_worker_context, worker, hook, serve)
 
 
 def _not_in_gunicorn_worker(config: Any, default_factory: Recipe) -> ssl.SSLContext:
@@ -200,11 +181,7 @@ def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metric
     names = ("env_file", "log_config", "log_level", "use_colors", *(name for name in kwargs if name.startswith("ssl_")))
     config = uvicorn.Config(kwargs["app"], **{name: kwargs[name] for name in names if name in kwargs})
     route_logs()
-    settings = Settings(tls_reload_interval, tls_sni or None, tls_metrics or None)
-    try:
-        settings.check(as_options=True)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from e
+    settings = click_settings(tls_reload_interval, tls_sni, tls_metrics)
     if not options.get("ssl_certfile"):
         log.warning("no --ssl-certfile given: serving without TLS, nothing to reload")
         uvicorn.run(**kwargs)
@@ -218,11 +195,11 @@ def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metric
 
 
 def _run_arguments(options: dict[str, Any]) -> dict[str, Any]:
-    """``uvicorn.run`` keyword arguments for the parsed ``options``, as ``uvicorn/main.py`` passes them. Guard: an
-    option ``uvicorn.run`` does not take, or no ``ssl_context_factory``, stops the command with one line."""
+    """``uvicorn.run``'s keyword arguments for ``options``, as ``uvicorn/main.py`` passes them; one line and an exit
+    where ``uvicorn.run`` does not take one of them, or ``ssl_context_factory``."""
     import uvicorn
 
-    accepted = inspect.signature(uvicorn.run).parameters
+    accepted = parameter_names(uvicorn.run)
     if "ssl_context_factory" not in accepted:
         _refuse(f"tlsreload-uvicorn needs uvicorn 0.47 or newer; this is uvicorn {uvicorn.__version__}")
     unknown = sorted(name for name in options if name not in accepted)

@@ -48,7 +48,6 @@ from .identity import validate as validate  # `X as X`: importable from here as 
 from .memory_files import RecipeFor as RecipeFor
 from .memory_files import context_from as context_from
 from .memory_files import in_memory_files as in_memory_files
-from .memory_files import kept_apart
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.lastgood import X` works.
 from .store import _COUNT as _COUNT
@@ -180,8 +179,9 @@ class LastGood:
     def kept(self, snapshot: Snapshot) -> tuple[Parts, Leaf] | None:
         """The bytes kept for :attr:`name` and their verdict when they are exactly ``snapshot``'s, without
         asking a keeper (a caller judging thousands of identities asks nobody for each); else ``None``."""
-        kept = self.store.verdict(self.name)
-        return kept if kept is not None and kept[0] == (snapshot.cert, snapshot.key, snapshot.ca) else None
+        parts = (snapshot.cert, snapshot.key, snapshot.ca)
+        leaf = self.store.verdict_on(self.name, parts)  # compared in place: the bytes kept equal snapshot's
+        return None if leaf is None else (parts, leaf)
 
     def recall_verdict(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf]:
         """:meth:`recall` without building a context: the kept identity (carrying ``files``) and its leaf.
@@ -288,7 +288,7 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
     read: dict[str, Snapshot | str] = {}  # the bytes, or why they could not be read
     for name, files in identities.items():
         try:
-            read[name] = kept_apart(read_files(files))
+            read[name] = read_files(files)
         except Exception as e:  # InvalidIdentity, or what nobody foresaw: the workers judge it themselves
             read[name] = str(e)
     snapshots = {name: snapshot for name, snapshot in read.items() if isinstance(snapshot, Snapshot)}

@@ -101,7 +101,8 @@ class Reloader(Concluding):
     :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For identities
     that may never be asked for (:mod:`tlsreload_plugins.sni`); such a reloader does not keep its first
     identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
-    ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again.
+    ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again; with
+    ``judged``, the leaf its owner found ``last_good`` keeping for exactly those bytes, nor looked up again.
 
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
@@ -123,6 +124,7 @@ class Reloader(Concluding):
         last_good: LastGood | None = None,
         on_demand: RecipeFor | None = None,
         read: Snapshot | None = None,
+        judged: Leaf | None = None,
     ) -> None:
         self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
         self.recipe = recipe
@@ -151,7 +153,10 @@ class Reloader(Concluding):
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
         # so a handshake never pairs one context with another's callback. (None, None): not built yet.
         self._serving: tuple[ssl.SSLContext | None, SNICallback | None] = (None, None)
-        if demand is not None:
+        if demand is not None and read is not None and judged is not None and last_good is not None:
+            snapshot, leaf, start_error = read, judged, None  # the verdict kept for them, as first_verdict takes it
+            demand.validated = snapshot
+        elif demand is not None:
             snapshot, leaf, start_error = first_verdict(self.files, self.password, last_good, clock, read)
             demand.validated = snapshot
         else:

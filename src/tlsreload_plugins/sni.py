@@ -119,6 +119,7 @@ class SNIIdentities(ServedIdentities):
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
         self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
         self._read_ahead: dict[str, Snapshot] = {}  # the bytes of identities about to be added, read in one pass
+        self._kept_ahead: dict[str, Leaf] = {}  # of those, the ones the store keeps, with their verdict
         self._starting = True  # the first look: one summary line, not a line per identity
         self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
         self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
@@ -208,6 +209,7 @@ class SNIIdentities(ServedIdentities):
                     self._identities = self._walk(found, wanted, settle, offload)
             self._found = found
             self._read_ahead.clear()
+            self._kept_ahead.clear()
             if rebuild:
                 self._rebuild()
             if self.export_metrics and (rebuild or self._reported != (len(self._identities), len(self._unserved))):
@@ -240,7 +242,7 @@ class SNIIdentities(ServedIdentities):
 
         def gather() -> list[tuple[Snapshot, Password]]:
             ahead = read_ahead(adding, found, self.ca_certs, self.password, self.store, self.recipe_for)
-            self._read_ahead = ahead.read  # not read again by _add
+            self._read_ahead, self._kept_ahead = ahead.read, ahead.kept  # not read nor looked up again by _add
             changed = (current[name].new_content() for name in dirty & wanted if name in current and apart)
             return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
 
@@ -322,6 +324,7 @@ class SNIIdentities(ServedIdentities):
                 last_good=LastGood(self.store, self.recipe_for, name) if self.store is not None else None,
                 on_demand=self.recipe_for,
                 read=self._read_ahead.pop(name, None),
+                judged=self._kept_ahead.get(name),
             )
         except (InvalidIdentity, TypeError) as e:
             reason = str(e)
@@ -335,7 +338,9 @@ class SNIIdentities(ServedIdentities):
             return None
         self._pending.pop(name, None)
         self._unserved.pop(name, None)
-        if reloader.validated is not None:
+        if reloader.validated is not None and self._kept_ahead.pop(name, None) is not None:
+            reloader.forget_bytes()  # the store keeps exactly these bytes already: nothing to write
+        elif reloader.validated is not None:
             self._to_keep[name] = (reloader.validated, reloader.leaf)
         if self.export_metrics and (metrics.per_identity() or self._count <= metrics.PER_IDENTITY_UP_TO):
             metrics.observe(reloader, identity=name)

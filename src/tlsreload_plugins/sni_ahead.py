@@ -11,9 +11,8 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .identity import InvalidIdentity, Password, Snapshot, TLSFiles, read_files
+from .identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, read_files
 from .lastgood import LastGood, RecipeFor, SharedStore
-from .memory_files import kept_apart
 
 
 @dataclass
@@ -23,10 +22,12 @@ class Ahead:
     Attributes:
         read: each identity's bytes, by name (those whose files could not be read are left out).
         to_validate: the bytes that neither a verdict nor a refusal kept in the store covers, with the password.
+        kept: the identities whose bytes the store keeps, with the leaf of their verdict: nothing to keep again.
     """
 
     read: dict[str, Snapshot] = field(default_factory=dict)
     to_validate: list[tuple[Snapshot, Password]] = field(default_factory=list)
+    kept: dict[str, Leaf] = field(default_factory=dict)
 
 
 def read_ahead(
@@ -43,10 +44,13 @@ def read_ahead(
     for name in names:
         files = TLSFiles(found[name].certfile, found[name].keyfile, ca_certs)
         with contextlib.suppress(InvalidIdentity):
-            snapshot = ahead.read[name] = kept_apart(read_files(files))
-            last_good = LastGood(store, recipe_for, name) if store is not None else None
-            if last_good is None or (
-                last_good.kept(snapshot) is None and last_good.refusal(snapshot, password) is None
-            ):
-                ahead.to_validate.append((snapshot, password))
+            ahead.read[name] = read_files(files)
+    # The verdicts the store keeps for exactly these bytes, in one look at its table (no keeper asked).
+    parts = {name: (snapshot.cert, snapshot.key, snapshot.ca) for name, snapshot in ahead.read.items()}
+    ahead.kept = store.verdicts_on(parts) if store is not None and parts else {}
+    for name, snapshot in ahead.read.items():
+        if name not in ahead.kept and (
+            store is None or LastGood(store, recipe_for, name).refusal(snapshot, password) is None
+        ):
+            ahead.to_validate.append((snapshot, password))
     return ahead

@@ -52,8 +52,9 @@ def resolve_directories(directories: Iterable[str] | str | None = None) -> list[
 
 def identity_files(directory: str) -> TLSFiles | None:
     """The certificate and key of the identity ``directory`` is, or ``None`` when it is none."""
+    prefix = directory + "/" if directory and not directory.endswith("/") else directory  # os.path.join's
     for cert, key in IDENTITY_FILES:  # lstat, not a listing: a kubelet Secret is found in one system call
-        cert_path, key_path = os.path.join(directory, cert), os.path.join(directory, key)
+        cert_path, key_path = prefix + cert, prefix + key
         if os.path.lexists(cert_path) or os.path.lexists(key_path):
             return TLSFiles(cert_path, key_path)
     return None
@@ -63,6 +64,14 @@ def _is_alive(files: TLSFiles) -> bool:
     directory = os.path.dirname(files.certfile)
     try:
         return not _MARKERS.isdisjoint(os.listdir(directory))
+    except OSError:
+        return False
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """``os.path.isdir(entry.path)``, from the listing where it can (a link is still followed)."""
+    try:
+        return entry.is_dir()
     except OSError:
         return False
 
@@ -83,16 +92,16 @@ def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLS
             add(os.path.basename(os.path.normpath(directory)), files)
             continue
         try:
-            entries = sorted(os.listdir(directory))
+            with os.scandir(directory) as listing:  # a listing that says which entries are directories: no stat each
+                entries = sorted(listing, key=lambda entry: entry.name)
         except OSError:
             continue
         for entry in entries:
-            path = os.path.join(directory, entry)
-            if entry.startswith(".") or not os.path.isdir(path):  # kubelet's ..data, ..2026_...
+            if entry.name.startswith(".") or not _is_dir(entry):  # kubelet's ..data, ..2026_...
                 continue
-            files = identity_files(path)
+            files = identity_files(entry.path)
             if files is not None:
-                add(entry, files)
+                add(entry.name, files)
     return found, shadowed
 
 

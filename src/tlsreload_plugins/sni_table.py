@@ -30,11 +30,12 @@ def host_names(sans: Iterable[str]) -> list[str]:
         name = san.strip().lower().rstrip(".")
         if not name or any(c in name for c in ":/@ "):
             continue
-        try:
-            ipaddress.ip_address(name)
-            continue
-        except ValueError:
-            pass
+        if not name.strip("0123456789."):  # digits and dots only: maybe an IPv4 address (IPv6 has colons)
+            try:
+                ipaddress.ip_address(name)
+                continue
+            except ValueError:
+                pass
         if not name.isascii():  # a U-label where an A-label belongs: use the A-label
             try:
                 name = name.encode("idna").decode("ascii")

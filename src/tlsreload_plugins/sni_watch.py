@@ -94,7 +94,8 @@ def _resolved_directory(name: str) -> str:
             target = os.readlink(name)
         except OSError:  # not a link (or gone): name is the file itself
             break
-        name = os.path.join(os.path.dirname(name), target)
+        # os.path.join(os.path.dirname(name), target) without its generality: twice per identity at start
+        name = target if target.startswith("/") else name[: name.rfind("/") + 1] + target
     return os.path.dirname(name)
 
 

@@ -213,6 +213,22 @@ class SharedStore:
         kept = self._kept(name)
         return None if kept is None or kept[1] is None else (kept[0], kept[1])
 
+    def verdict_on(self, name: str, parts: Parts) -> Leaf | None:
+        """The leaf kept for ``name`` when exactly ``parts`` are kept for it (compared in place: nothing copied out
+        of the shared memory), else ``None``."""
+        held = self._located(lambda located: located.holds(self._map, name, parts))
+        return None if held is None else held[1]
+
+    def verdicts_on(self, identities: Mapping[str, Parts]) -> dict[str, Leaf]:
+        """:meth:`verdict_on` for each name of ``identities`` (name: its bytes), in one look at the table: the leaves
+        found, by name."""
+
+        def read(located: _Index) -> dict[str, Leaf]:
+            held = {name: located.holds(self._map, name, parts) for name, parts in identities.items()}
+            return {name: leaf for name, (same, leaf) in held.items() if same and leaf is not None}
+
+        return self._located(read) or {}
+
     def refusal(self, name: str, content: str) -> InvalidIdentity | None:
         """The refusal validation found for the content named ``content`` (see :meth:`refuse`) of identity
         ``name``, when it is the one kept for ``name``; else ``None``."""
@@ -249,8 +265,8 @@ class SharedStore:
         changes: dict[str, Kept] = {}
         for name, (snapshot, leaf) in identities.items():
             parts = (snapshot.cert, snapshot.key, snapshot.ca)
-            kept = self._kept(name)
-            if kept is None or kept[0] != parts or (leaf is not None and kept[1] != leaf):
+            held = self._located(lambda located: located.holds(self._map, name, parts))  # noqa: B023 - called here
+            if held is None or not held[0] or (leaf is not None and held[1] != leaf):
                 changes[name] = (parts, leaf)
         if len(changes) == 1:
             name, (parts, leaf) = next(iter(changes.items()))

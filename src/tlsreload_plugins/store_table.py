@@ -197,7 +197,27 @@ class _Index:
             None if i < 0 else mapping[self.starts[i] : self.starts[i] + self.lengths[i]] for i in entry[:3]
         )
         assert cert is not None  # checked when indexed
-        index = entry[3]
+        return (cert, key, ca), self._leaf(mapping, entry[3])
+
+    def holds(self, mapping: mmap.mmap, name: str, parts: Parts) -> tuple[bool, Leaf | None]:
+        """Whether exactly ``parts`` are kept for ``name``, and the leaf kept with them: compared in place, the
+        lengths first, nothing copied out for a name kept with other contents (a process taking thousands of
+        verdicts at start compares each identity's bytes with the store's)."""
+        entry = self.entries.get(name)
+        if entry is None:
+            return False, None
+        for index, part in zip(entry[:3], parts, strict=True):
+            if index < 0 or part is None:
+                if index >= 0 or part is not None:
+                    return False, None
+                continue
+            start = self.starts[index]
+            if self.lengths[index] != len(part) or mapping[start : start + len(part)] != part:
+                return False, None
+        return True, self._leaf(mapping, entry[3])
+
+    def _leaf(self, mapping: mmap.mmap, index: int) -> Leaf | None:
+        """The leaf kept as content ``index`` (``None``: none, or one this version does not read), decoded once."""
         judged = self.leaves.get(index) if index >= 0 else None
         if judged is None and index >= 0:
             try:
@@ -206,7 +226,7 @@ class _Index:
                 )
             except ValueError:  # a leaf this version does not read: kept without it
                 judged = None
-        return (cert, key, ca), judged
+        return judged
 
     def refusal(self, mapping: mmap.mmap, name: str) -> Refusal | None:
         """The refusal kept for ``name`` in ``mapping`` (``None``: none, or one this version does not read)."""

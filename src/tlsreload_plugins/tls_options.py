@@ -5,7 +5,7 @@ A drop-in command is the server's command, every option keeping the server's mea
 :func:`add_options` for a server whose command is argparse's, :func:`with_tls_options` for one whose
 command is click's. Their values become a :class:`~tlsreload_plugins.serving.Settings`, whose bad
 values are usage errors (exit 2) like any other option's:
-``settings.check(as_options=True)`` names them (:func:`click_settings` for a click command). Nothing
+``settings.check(as_options=True)`` names them (:func:`argparse_settings`, :func:`click_settings`). Nothing
 here knows a server; click is imported only by the functions for a click command.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from .metrics import METRICS_ENV
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # a drop-in command's only: its workers, which import the glu
 
     import click
 
-__all__ = ["OPTION_HELP", "add_options", "click_settings", "with_tls_options"]
+__all__ = ["OPTION_HELP", "add_options", "argparse_settings", "click_settings", "with_tls_options"]
 
 OPTION_HELP = {
     "--tls-reload-interval": "Seconds between checks of the TLS certificate files. "
@@ -47,7 +47,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
         add_options(parser)
         options, rest = parser.parse_known_args()
-        settings = Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics)
+        settings = argparse_settings(parser, options)
     """
     group = parser.add_argument_group("tlsreload options")
     help_of = OPTION_HELP
@@ -105,11 +105,32 @@ def click_settings(tls_reload_interval: float | None, tls_sni: Sequence[str], tl
     """
     import click
 
-    settings = Settings(tls_reload_interval, tls_sni or None, tls_metrics or None)
+    def usage_error(message: str) -> NoReturn:
+        raise click.UsageError(message)
+
+    return _checked(Settings(tls_reload_interval, tls_sni or None, tls_metrics or None), usage_error)
+
+
+def argparse_settings(parser: argparse.ArgumentParser, options: argparse.Namespace) -> Settings:
+    """The :class:`~tlsreload_plugins.serving.Settings` of the options :func:`add_options` added to ``parser``,
+    as parsed into ``options``, checked: a bad value, or a bad ``$TLSRELOAD_*`` variable, is the parser's usage error.
+
+    Raises:
+        SystemExit: a setting is not usable: ``parser.error`` (the usage and one line naming it as
+            :meth:`~tlsreload_plugins.serving.Settings.check` does, exit 2).
+
+    Example: ``settings = argparse_settings(parser, parser.parse_known_args()[0])``.
+    """
+    return _checked(Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics), parser.error)
+
+
+def _checked(settings: Settings, usage_error: Callable[[str], NoReturn]) -> Settings:
+    """``settings``, once :meth:`~tlsreload_plugins.serving.Settings.check` finds them usable; else
+    ``usage_error`` of the message that names the bad one."""
     try:
         settings.check(as_options=True)
     except ValueError as e:
-        raise click.UsageError(str(e)) from e
+        usage_error(str(e))
     return settings
 
 

@@ -36,7 +36,7 @@ from ..lastgood import SharedStore
 from ..lifespan import register, reloaders
 from ..serving import CannotServe, Settings, exit_if_cannot_serve
 from ..settings import resolve_interval
-from ..tls_options import add_options
+from ..tls_options import add_options, argparse_settings
 from ..workers import waiting_in_spawned_worker
 
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
@@ -203,11 +203,7 @@ def main(args: Sequence[str] | None = None) -> None:
             cli.main(rest)
         finally:
             parser.print_help()
-    settings = Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics)
-    try:
-        settings.check(as_options=True)
-    except ValueError as e:
-        parser.error(str(e))
+    settings = argparse_settings(parser, options)
     # hypercorn's command parses its options into a Config and hands it to the module global
     # `run`: run that very command with ours in its place, so every option keeps its meaning.
     with exit_if_cannot_serve(STARTUP_FAILURE):

@@ -1,19 +1,17 @@
 """Reload TLS certificates inside gRPC servers (``grpc.server``, ``grpc.aio.server``): one line.
 
-gRPC's TLS is in its C core, which takes PEM bytes, not an :class:`ssl.SSLContext`. Its seam for new
-certificates is ``grpc.dynamic_ssl_server_credentials(initial, fetcher)``: the C core calls ``fetcher()``
-before *every* new connection's handshake. :func:`server_credentials` gives it a fetcher that does no
-I/O and parses nothing: the newest validated configuration once, when there is one, else ``None``.
-The files are checked by the core (a :class:`~tlsreload_plugins.Reloader` on a
-:class:`~tlsreload_plugins.ThreadDriver`, off any event loop) by the rules of every server: a torn,
-mismatched, expired or hostile pair never reaches gRPC; the last good keeps serving; the failure is
-reported once, file named, counted in ``status()`` and metrics.
+gRPC's TLS is in its C core, which takes PEM bytes, not an :class:`ssl.SSLContext`. Its seam for new certificates
+is ``grpc.dynamic_ssl_server_credentials(initial, fetcher)``: the C core calls ``fetcher()`` before *every* new
+connection's handshake. :func:`server_credentials` gives it a fetcher that does no I/O and parses nothing: the
+newest validated configuration once, when there is one, else ``None``. The files are checked by the core (a
+:class:`~tlsreload_plugins.Reloader` on a :class:`~tlsreload_plugins.ThreadDriver`, off any event loop) by the rules
+of every server: a torn, mismatched, expired or hostile pair never reaches gRPC; the last good keeps serving; the
+failure is reported once, file named, counted in ``status()`` and metrics.
 
-The reloader's recipe builds a plain :class:`ssl.SSLContext` (OpenSSL's verdict on the files). gRPC
-gets exactly the bytes the reloader validated and put in service, as its last good store keeps them
-(a :class:`~tlsreload_plugins.lastgood.SharedStore` of this process): the configured pair first (what
-a handshake naming no listed server gets), then each SNI identity's (gRPC picks by server name), and
-the client-CA bundle.
+The reloader's recipe builds a plain :class:`ssl.SSLContext` (OpenSSL's verdict on the files). gRPC gets exactly the
+bytes the reloader validated and put in service, as this process's last good store
+(:class:`~tlsreload_plugins.lastgood.SharedStore`) keeps them: the configured pair first (what a handshake naming no
+listed server gets), then each SNI identity's (gRPC picks by server name), and the client-CA bundle.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import os
 import re
 import threading
 from collections.abc import Sequence
-from types import TracebackType
 
 try:
     import grpc  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -50,8 +47,7 @@ log = logging.getLogger("tlsreload_plugins.grpc")
 STOP_TIMEOUT = 10.0
 """Seconds :meth:`ReloadingCredentials.close` waits for a check in progress to end (a check takes milliseconds)."""
 
-# The credentials not closed yet, by reloader, with the process that made them (a forked child has no
-# checking thread): what reloaders() lists.
+# What reloaders() lists: the open credentials' reloaders, each with the pid that made it (a fork has no checker).
 _open: dict[Reloader, int] = {}
 _open_lock = threading.Lock()
 
@@ -67,15 +63,14 @@ def reloaders() -> list[Reloader]:
 class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused-ignore]
     """``grpc.ServerCredentials`` whose certificate follows the files: pass it to ``add_secure_port``.
 
-    Made by :func:`server_credentials` (no public constructor). :meth:`close` (or leaving the ``with``
-    block) stops the checks; the server keeps the certificate it serves.
+    Made by :func:`server_credentials` (no public constructor). :meth:`close` (or leaving the ``with`` block) stops
+    the checks; the server keeps the certificate it serves.
 
     Attributes:
-        reloader: the :class:`~tlsreload_plugins.Reloader` checking the configured files (its SNI
-            identities: ``tlsreload_plugins.sni.for_reloader(credentials.reloader)``).
+        reloader: the :class:`~tlsreload_plugins.Reloader` checking the configured files (its SNI identities:
+            ``tlsreload_plugins.sni.for_reloader(credentials.reloader)``).
         configurations: how many gRPC configurations were built (the first included).
-        handed: how many new configurations gRPC took since start-up (each took effect for the
-            connections accepted after it).
+        handed: how many new configurations gRPC took since start-up (each for the connections accepted after it).
     """
 
     def __init__(self, reloader: Reloader, store: SharedStore, require_client_auth: bool) -> None:
@@ -133,8 +128,7 @@ class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused
         return self._driver.running
 
     def close(self) -> None:
-        """Stop the checks and wait for the checking thread to end. Idempotent; the server keeps serving
-        the certificate it serves now."""
+        """Stop the checks and wait for the checking thread to end. Idempotent; the server keeps its certificate."""
         self._driver.stop(STOP_TIMEOUT)
         with _open_lock:
             _open.pop(self.reloader, None)
@@ -142,9 +136,7 @@ class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused
     def __enter__(self) -> ReloadingCredentials:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
@@ -161,33 +153,32 @@ def server_credentials(
 ) -> ReloadingCredentials:
     """Server credentials for ``add_secure_port`` that follow ``certfile`` and ``keyfile`` on disk.
 
-    The files are read and validated now (twice more, half a second apart, if they cannot be used:
-    a rotation may be under way), then checked every ``interval`` in a daemon thread. The same call
-    serves ``grpc.server`` and ``grpc.aio.server``; one call per ``add_secure_port`` (gRPC hands a
-    dynamic credentials' first configuration to one port only).
+    The files are read and validated now (twice more, half a second apart, if they cannot be used: a rotation
+    may be under way), then checked every ``interval`` in a daemon thread. The same call serves ``grpc.server``
+    and ``grpc.aio.server``; one call per ``add_secure_port`` (gRPC hands a dynamic credentials' first
+    configuration to one port only).
 
     Args:
         certfile: the certificate chain (PEM), leaf first; may hold the key too.
         keyfile: the private key (PEM), ``None`` when it is in ``certfile``.
-        ca_certs: a bundle of CAs client certificates are verified against (mutual TLS), reloaded
-            like the pair.
-        require_client_auth: refuse clients without a certificate from ``ca_certs``; default: when
-            ``ca_certs`` is given. ``False`` with ``ca_certs``: client certificates are not asked for.
-        password_file: a file whose first line is the key's password, read again on each reload
-            (default ``$TLSRELOAD_KEY_PASSWORD_FILE``, else none). gRPC gets the key decrypted, in memory.
-        sni: directories of more identities, chosen by gRPC by the server name a client asks for (a
-            sequence, or one ``os.pathsep``-separated string; default ``$TLSRELOAD_SNI``).
+        ca_certs: a bundle of CAs client certificates are verified against (mutual TLS), reloaded like the pair.
+        require_client_auth: refuse clients without a certificate from ``ca_certs``; default: when ``ca_certs``
+            is given. ``False`` with ``ca_certs``: client certificates are not asked for.
+        password_file: a file whose first line is the key's password, read again on each reload (default
+            ``$TLSRELOAD_KEY_PASSWORD_FILE``, else none). gRPC gets the key decrypted, in memory.
+        sni: directories of more identities, chosen by gRPC by the server name a client asks for (a sequence, or
+            one ``os.pathsep``-separated string; default ``$TLSRELOAD_SNI``).
         interval: seconds between checks, at least 0.1 (default ``$TLSRELOAD_INTERVAL``, else 1).
         metrics: export Prometheus metrics (:mod:`tlsreload_plugins.metrics`; default ``$TLSRELOAD_METRICS``).
 
     Returns:
-        :class:`ReloadingCredentials`: a ``grpc.ServerCredentials`` with ``status()`` and ``close()``;
-        as a context manager it gives itself and closes on exit.
+        :class:`ReloadingCredentials`: a ``grpc.ServerCredentials`` with ``status()`` and ``close()``; as a
+        context manager it gives itself and closes on exit.
 
     Raises:
         InvalidIdentity: the files cannot be used now; one sentence names the file and what is wrong.
-        ValueError: a setting is not usable (an interval below 0.1, an SNI directory that does not
-            exist, ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``).
+        ValueError: a setting is not usable (an interval below 0.1, an SNI directory that does not exist,
+            ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``).
 
     Example::
 
@@ -226,8 +217,7 @@ def server_credentials(
 
 
 def _served(reloader: Reloader, store: SharedStore) -> list[tuple[str, Parts]]:
-    """The bytes each identity's reloader validated and serves now, by name, the configured one first
-    (generic: it belongs in the core, beside the last good store)."""
+    """The bytes each identity's reloader validated and serves now, by name, the configured one first."""
     served: list[tuple[str, Parts]] = []
     identities = sni.for_reloader(reloader)
     for name in [DEFAULT, *(identities.reloaders() if identities is not None else ())]:

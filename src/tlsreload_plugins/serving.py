@@ -120,12 +120,10 @@ class Settings:
         (:mod:`~tlsreload_plugins.tls_options`): a bad interval is named ``--tls-reload-interval``, as the
         command's usage error (exit 2) names any other option.
 
-        Example::
+        Example (what :func:`~tlsreload_plugins.tls_options.argparse_settings` and ``click_settings`` do for a
+        drop-in command, the error becoming its usage error)::
 
-            try:
-                Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics).check(as_options=True)
-            except ValueError as e:
-                parser.error(str(e))
+            Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics).check(as_options=True)
         """
         try:
             resolve_interval(self.interval)

@@ -148,6 +148,8 @@ class LastGood:
     def refusal(self, snapshot: Snapshot, password: Password) -> InvalidIdentity | None:
         """The refusal validation found for exactly ``snapshot``'s bytes and ``password`` in another process of
         the server (or this one), when the store keeps it for :attr:`name`: raise it rather than parse them again."""
+        if not self.store.refuses(self.name):  # the usual case: no digest of the bytes to work out
+            return None
         return self.store.refusal(self.name, content_key(snapshot, password))
 
     def judge(self, snapshot: Snapshot, password: Password, *, defer: bool = False) -> Leaf:

@@ -235,6 +235,11 @@ class SharedStore:
         found = self._located(lambda located: located.refusal(self._map, name))
         return None if found is None or found[0] != content else InvalidIdentity(found[1], path=found[2])
 
+    def refuses(self, name: str) -> bool:
+        """Whether a refusal is kept for ``name`` (whatever content it is for): when not, a caller need not work
+        out which content it holds (:func:`~tlsreload_plugins.lastgood.content_key` hashes it)."""
+        return bool(self._located(lambda located: name in located.refusals))
+
     def refuse(self, name: str, content: str, error: InvalidIdentity) -> None:
         """Keep ``error``, validation's refusal of identity ``name``'s content ``content`` (a digest of its bytes
         and key password: :func:`~tlsreload_plugins.lastgood.content_key`), in place of the one kept for
@@ -262,12 +267,18 @@ class SharedStore:
         """Keep each identity of ``identities`` (name: its snapshot and leaf) as :meth:`write` would, in one
         write of the table: what a server's process finding thousands of identities at once does (a write
         rewrites the whole table). Whether the store keeps them all now. Never raises."""
-        changes: dict[str, Kept] = {}
-        for name, (snapshot, leaf) in identities.items():
-            parts = (snapshot.cert, snapshot.key, snapshot.ca)
-            held = self._located(lambda located: located.holds(self._map, name, parts))  # noqa: B023 - called here
-            if held is None or not held[0] or (leaf is not None and held[1] != leaf):
-                changes[name] = (parts, leaf)
+        wanted = {name: ((s.cert, s.key, s.ca), leaf) for name, (s, leaf) in identities.items()}
+
+        def changed(located: _Index) -> dict[str, Kept]:  # in one look at the table, compared in place
+            held = {name: located.holds(self._map, name, parts) for name, (parts, _) in wanted.items()}
+            return {
+                name: (parts, leaf)
+                for name, (parts, leaf) in wanted.items()
+                if not held[name][0] or (leaf is not None and held[name][1] != leaf)
+            }
+
+        found = self._located(changed)
+        changes: dict[str, Kept] = dict(wanted) if found is None else found
         if len(changes) == 1:
             name, (parts, leaf) = next(iter(changes.items()))
             return self._change(name, lambda table, refused: table.__setitem__(name, (parts, leaf)))
@@ -312,7 +323,11 @@ class SharedStore:
             generation = max(generations) + 1
             _HEADER.pack_into(self._map, base, generation, len(payload), hashlib.sha256(payload).digest())
             start = base + _HEADER.size
-            self._cached = (index, generation, _Index.of(memoryview(payload), start))  # no need to hash it again
+            located = _Index.of(memoryview(payload), start)  # no need to hash it again
+            for kept_name, (_, leaf) in table.items():  # decoded already: processes forked from here take them too
+                if leaf is not None:
+                    located.leaves[located.entries[kept_name][3]] = leaf
+            self._cached = (index, generation, located)
         return True
 
     @contextlib.contextmanager

@@ -58,7 +58,11 @@ _lock = threading.Lock()
 _fallback: str | None = None
 """Why no child could be started (validation runs in this process since), or ``None``."""
 _bad_setting_logged = False
-_verdicts: dict[tuple[Snapshot, bytes | None], Verdict] = {}
+_Key = tuple[str, "str | None", "str | None", bytes, "bytes | None", "bytes | None", "bytes | None"]
+"""What a verdict of :func:`prejudged` is for: the paths and bytes of a :class:`Snapshot`, and the password's bytes,
+flat (a tuple of built-in values hashes without a Python call per field: a batch holds thousands)."""
+
+_verdicts: dict[_Key, Verdict] = {}
 """The verdicts of :func:`prejudged` blocks under way, by bytes and password."""
 
 
@@ -200,11 +204,13 @@ def prejudged(
                 _verdicts.pop(key, None)
 
 
-def _key(snapshot: Snapshot, password: Password) -> tuple[Snapshot, bytes | None] | None:
+def _key(snapshot: Snapshot, password: Password) -> _Key | None:
     try:
-        return snapshot, password_bytes(password)
+        secret = password_bytes(password)
     except Exception:  # an unreadable password file: judged when asked
         return None
+    files = snapshot.files
+    return files.certfile, files.keyfile, files.ca_certs, snapshot.cert, snapshot.key, snapshot.ca, secret
 
 
 def _prejudged(snapshot: Snapshot, password: Password) -> Verdict | None:

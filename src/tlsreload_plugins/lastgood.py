@@ -182,7 +182,7 @@ class LastGood:
         """The bytes kept for :attr:`name` and their verdict when they are exactly ``snapshot``'s, without
         asking a keeper (a caller judging thousands of identities asks nobody for each); else ``None``."""
         parts = (snapshot.cert, snapshot.key, snapshot.ca)
-        leaf = self.store.verdict_on(self.name, parts)  # compared in place: the bytes kept equal snapshot's
+        leaf = self.store.verdicts_on({self.name: parts}).get(self.name)  # compared in place: equal to snapshot's
         return None if leaf is None else (parts, leaf)
 
     def recall_verdict(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf]:

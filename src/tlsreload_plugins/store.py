@@ -213,15 +213,9 @@ class SharedStore:
         kept = self._kept(name)
         return None if kept is None or kept[1] is None else (kept[0], kept[1])
 
-    def verdict_on(self, name: str, parts: Parts) -> Leaf | None:
-        """The leaf kept for ``name`` when exactly ``parts`` are kept for it (compared in place: nothing copied out
-        of the shared memory), else ``None``."""
-        held = self._located(lambda located: located.holds(self._map, name, parts))
-        return None if held is None else held[1]
-
     def verdicts_on(self, identities: Mapping[str, Parts]) -> dict[str, Leaf]:
-        """:meth:`verdict_on` for each name of ``identities`` (name: its bytes), in one look at the table: the leaves
-        found, by name."""
+        """The leaf kept for each name of ``identities`` (name: its bytes) whose bytes are exactly those kept for it,
+        by name, found in one look at the table and compared in place (nothing copied out of the shared memory)."""
 
         def read(located: _Index) -> dict[str, Leaf]:
             held = {name: located.holds(self._map, name, parts) for name, parts in identities.items()}

@@ -374,3 +374,32 @@ def test_a_check_that_cannot_be_moved_onto_reports_not_servable(files: tuple[Pat
     reloader.context.sni_callback = None
     assert reloader.check() is Outcome.FAILED
     assert len(errors) == 1 and isinstance(errors[0], NotServable)
+
+
+# --- the one waiting loop at start: a stop asked for is a stop ------------------------------------
+
+
+def test_a_stop_asked_while_the_files_become_usable_is_still_a_stop() -> None:
+    """A worker waiting for usable files that its server's parent stops (SIGTERM, once) while the attempt that
+    finds them usable runs leaves, rather than serving: the parent would wait for it forever (seen under load:
+    uvicorn's supervisor waiting on a child that started serving after its SIGTERM)."""
+    import signal
+
+    from tlsreload_plugins.errors import ReloadError
+    from tlsreload_plugins.serving import wait_until_usable
+
+    tries: list[int] = []
+
+    def attempt() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            raise ReloadError("not yet")
+        signal.raise_signal(signal.SIGTERM)  # the parent's stop, while this attempt reads and validates
+        return "usable"
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert wait_until_usable(attempt, every=0.01, signals=(signal.SIGTERM,)) is None
+    assert len(tries) == 2
+    assert signal.getsignal(signal.SIGTERM) == before  # the server's own handler is back
+    # Without a stop, the same attempt's result is served.
+    assert wait_until_usable(lambda: "usable", every=0.01, signals=(signal.SIGTERM,)) == "usable"

@@ -208,7 +208,10 @@ def wait_until_usable(
             continue
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # type: ignore[arg-type]
-        return result
+        # A stop asked for while attempt() ran (it reads and validates: up to seconds under load) is still a stop:
+        # the server's parent asked once, and would wait forever for a worker that went on to serve. Asked after
+        # the handlers went back, it reaches the server's own.
+        return None if requested or stopped() else result
 
 
 def check_at_start(

@@ -141,12 +141,12 @@ def test_an_open_websocket_keeps_its_session_across_a_rotation(tmp_path: Path, c
     port, ctx = free_port(), client_context(ca)
     with run_server(example("websockets", port, layout.cert_path, layout.key_path), tmp_path / "ws.log", port) as ws:
         wait_for_serial(port, ctx, first.serial, DEADLINE)
-        with connect(f"wss://localhost:{port}/", ssl=ctx, open_timeout=10) as websocket:
+        with connect(f"wss://localhost:{port}/", ssl=ctx, open_timeout=DEADLINE) as websocket:
             websocket.send("before")
             assert websocket.recv(timeout=10) == "before"
             layout.install(second)
             wait_for_serial(port, ctx, second.serial, DEADLINE)
-            with connect(f"wss://localhost:{port}/", ssl=ctx, open_timeout=10) as newer:
+            with connect(f"wss://localhost:{port}/", ssl=ctx, open_timeout=DEADLINE) as newer:
                 newer.send("new")
                 assert newer.recv(timeout=10) == "new"
                 assert serial_of(newer.socket.getpeercert(binary_form=True)) == second.serial

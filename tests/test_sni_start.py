@@ -18,7 +18,7 @@ from tlsreload_plugins import SNIIdentities, validate_apart
 from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, read_files, validate
 from tlsreload_plugins.lastgood import SharedStore, keep_all_valid
 from tlsreload_plugins.sni import discover
-from tlstest import KubeletLayout, issue
+from tlstest import issue, sni_tree
 
 
 @pytest.fixture
@@ -71,10 +71,7 @@ def test_a_process_started_after_the_arbiter_validated_every_identity_reads_each
     tmp_path: Path, ca: trustme.CA, children: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sni = tmp_path / "sni"
-    pairs = {f"site{i}": issue(ca, f"site{i}.example") for i in range(8)}
-    for name, pair in pairs.items():
-        KubeletLayout(sni / name).install(pair)
-    KubeletLayout(sni / "broken").write_raw(pairs["site0"].chain, pairs["site1"].key)
+    pairs = sni_tree(sni, ca, 8)
     store = SharedStore()
     refused = keep_all_valid(discover([str(sni)]), None, store)  # the arbiter, before it forks
     assert list(refused) == ["broken"] and children == [9]

@@ -21,7 +21,7 @@ from tlsreload_plugins import SNIIdentities, validate_apart, validate_child
 from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, read_files, validate
 from tlsreload_plugins.lastgood import SharedStore, keep_all_valid
 from tlsreload_plugins.sni import discover
-from tlstest import KubeletLayout, issue, with_password
+from tlstest import issue, sni_tree, with_password
 
 # The child's own start (validate_child._BOOT), with a validate that stalls on a certificate holding STALL and
 # ends the process on one holding CRASH.
@@ -236,10 +236,7 @@ def test_sni_identities_found_at_start_are_validated_by_one_child(
     tmp_path: Path, ca: trustme.CA, in_a_child: list[int]
 ) -> None:
     sni = tmp_path / "sni"
-    pairs = {f"site{i}": issue(ca, f"site{i}.example") for i in range(12)}
-    for name, pair in pairs.items():
-        KubeletLayout(sni / name).install(pair)
-    KubeletLayout(sni / "broken").write_raw(pairs["site0"].chain, pairs["site1"].key)
+    sni_tree(sni, ca, 12)
 
     def recipe_for(files: TLSFiles) -> object:
         import ssl

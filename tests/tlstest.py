@@ -363,6 +363,16 @@ OBEY_MODES_BOOT = (
 )
 
 
+def sni_tree(root: Path, ca: trustme.CA, count: int) -> dict[str, Pair]:
+    """``count`` SNI identities under ``root`` as kubelet mounts Secrets (``site0`` answering ``site0.example``,
+    ...), and one more, ``broken``, whose key is not its certificate's; returns the valid ones' pairs by name."""
+    pairs = {f"site{i}": issue(ca, f"site{i}.example") for i in range(count)}
+    for name, pair in pairs.items():
+        KubeletLayout(root / name).install(pair)
+    KubeletLayout(root / "broken").write_raw(pairs["site0"].chain, pairs["site1"].key)
+    return pairs
+
+
 def obey_file_modes() -> list[str]:
     """The command that starts this Python bound by file modes, even as root."""
     return [sys.executable, "-c", OBEY_MODES_BOOT] if os.geteuid() == 0 else [sys.executable]

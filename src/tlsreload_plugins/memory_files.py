@@ -1,8 +1,7 @@
 """Paths that read as given bytes, in memory (:func:`in_memory_files`), and a context built through a server's
 recipe from the bytes of a snapshot (:func:`context_from`): how the last good identity, and an SNI identity
 built on its first handshake, are served from bytes rather than from the files on disk. (Importable from
-:mod:`tlsreload_plugins.lastgood` too, where they were first defined.) And :func:`kept_apart`, for a process
-keeping the bytes of thousands of identities at once.
+:mod:`tlsreload_plugins.lastgood` too, where they were first defined.)
 """
 
 from __future__ import annotations
@@ -78,18 +77,3 @@ def context_from(snapshot: Snapshot, recipe_for: RecipeFor) -> ssl.SSLContext:
     if not isinstance(context, ssl.SSLContext):
         raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
     return context
-
-
-def kept_apart(snapshot: Snapshot) -> Snapshot:
-    """``snapshot`` with its certificate and key copied, for a caller keeping thousands of snapshots at once.
-
-    ``files._read`` reads into a 1 MiB buffer that it shrinks to the file's size: while earlier ones are alive,
-    glibc maps each such buffer anew (an ``mmap`` and an ``mremap`` per file, a page kept per file), which made
-    reading 10,000 identities and keeping them 2.4 times as slow (89 against 37 us per identity, measured).
-    Copying releases the buffer at once. No longer needed, nor called: ``_read`` now reads the size it stats."""
-    return Snapshot(
-        snapshot.files,
-        memoryview(snapshot.cert).tobytes(),
-        None if snapshot.key is None else memoryview(snapshot.key).tobytes(),
-        snapshot.ca,
-    )

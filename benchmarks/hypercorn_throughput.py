@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,16 @@ def hypercorn_command(server: str, plugin: bool, certfile: Path, keyfile: Path, 
 
 
 def running_hypercorn(
-    server: str, plugin: bool, certfile: Path, keyfile: Path, log_dir: Path
+    server: str,
+    plugin: bool,
+    certfile: Path,
+    keyfile: Path,
+    log_dir: Path,
+    extra_env: Mapping[str, str] | None = None,
 ) -> contextlib.AbstractContextManager[kit.Server]:
     """:func:`benchkit.running_command` for hypercorn."""
     return kit.running_command(
-        server, plugin, log_dir, lambda port: hypercorn_command(server, plugin, certfile, keyfile, port)
+        server, plugin, log_dir, lambda port: hypercorn_command(server, plugin, certfile, keyfile, port), extra_env
     )
 
 

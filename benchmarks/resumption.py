@@ -24,6 +24,10 @@ as large a share of the sessions offered as stock, in both versions.
     python benchmarks/resumption.py                # 6 servers x 2 versions, 5 rounds x 3 s per side
     python benchmarks/resumption.py --quick        # 2 rounds x 1 s: a smoke run
     python benchmarks/resumption.py --servers gunicorn-sync uvicorn --tls 1.3
+    python benchmarks/resumption.py --baseline 7fac31b   # the plugin at that commit in place of stock
+
+``--baseline COMMIT`` runs the plugin of another commit (its ``src/``, extracted with ``git archive``, first on
+``PYTHONPATH``) in place of the stock server: what a change to the plugin costs resumed handshakes.
 """
 
 from __future__ import annotations
@@ -33,13 +37,17 @@ import concurrent.futures
 import multiprocessing
 import socket
 import ssl
+import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import benchkit as kit
 import hypercorn_throughput
+
+REPO = kit.BENCH_DIR.parent
 
 SERVERS = ("gunicorn-sync", "gunicorn-gthread", "gunicorn-gevent", "gunicorn-asgi", "uvicorn", "hypercorn-asyncio")
 VERSIONS = {"1.3": ssl.TLSVersion.TLSv1_3, "1.2": ssl.TLSVersion.TLSv1_2}
@@ -224,7 +232,20 @@ def targets_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return targets
 
 
+SIDE_NAMES = ["stock", "plugin"]
+"""What the two sides are called in the output (the first is the plugin at ``--baseline`` when given)."""
+
+
+def extract(commit: str, into: Path) -> Path:
+    """``commit``'s ``src/`` under ``into`` (``git archive``, no work tree, no install); its path."""
+    archive = subprocess.run(["git", "archive", commit, "src"], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.baseline:
+        SIDE_NAMES[0] = f"plugin at {args.baseline}"
     machine = kit.machine()
     results: list[dict[str, Any]] = []
     with ExitStack() as stack:
@@ -235,13 +256,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cert, key = tmp / "cert.pem", tmp / "key.pem"
         cert.write_bytes(pair.chain)
         key.write_bytes(pair.key)
+        baseline_env = {"PYTHONPATH": str(extract(args.baseline, tmp))} if args.baseline else None
         for server in args.servers:
             start = hypercorn_throughput.running_hypercorn if server.startswith("hypercorn-") else kit.running_server
-            kit.log(f"{server}: starting stock and plugin servers (1 worker each)")
+            kit.log(f"{server}: starting {SIDE_NAMES[0]} and plugin servers (1 worker each)")
             with ExitStack() as servers:
                 sides = {
-                    side: servers.enter_context(start(server, side == "plugin", cert, key, tmp))
-                    for side in ("stock", "plugin")
+                    "stock": servers.enter_context(
+                        start(server, baseline_env is not None, cert, key, tmp, extra_env=baseline_env)
+                    ),
+                    "plugin": servers.enter_context(start(server, True, cert, key, tmp)),
                 }
                 for version in args.tls:
                     results.append(compare(server, version, sides, args.rounds, args.seconds, args.clients, pool))
@@ -255,6 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "key type": args.key_type,
             "TLS versions": list(args.tls),
             "quick": bool(args.quick),
+            "sides": list(SIDE_NAMES),
         },
         "machine": machine,
         "results": results,
@@ -279,17 +304,18 @@ def report(result: dict[str, Any]) -> str:
         )
         for r in result["results"]
     ]
+    a, b = s.get("sides", ["stock", "plugin"])
     headers = (
         "server",
         "TLS",
-        "stock req/s (median)",
-        "plugin req/s (median)",
-        "ratio plugin/stock",
+        f"{a} req/s (median)",
+        f"{b} req/s (median)",
+        f"ratio {b}/{a}",
         "per-round ratios",
-        "connections resumed stock / plugin",
-        "server CPU us/conn stock / plugin",
-        "CPU ratio stock/plugin",
-        "failed (stock/plugin)",
+        f"connections resumed {a} / {b}",
+        f"server CPU us/conn {a} / {b}",
+        f"CPU ratio {a}/{b}",
+        f"failed ({a}/{b})",
     )
     return (
         "### Session resumption\n\n"
@@ -313,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="per side per round")
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--key-type", default="ecdsa-p256", choices=kit.KEY_TYPES)
+    parser.add_argument("--baseline", metavar="COMMIT", help="the plugin at COMMIT in place of the stock server")
     return kit.run_script(parser, argv, {"rounds": 2, "seconds": 1.0}, run, report)
 
 

@@ -1,12 +1,13 @@
 """cheroot's ``wsgi.Server`` serving hostile_apps' WSGI app directly, with tlsreload's SSL adapter, for the shared
-matrix (server_kinds): ``python -m cheroot_apps --certfile C --keyfile K --port P``. One process; our lines go
-to stderr with their level (cheroot has no logger of its own)."""
+matrix (server_kinds): ``python -m cheroot_apps --certfile C --keyfile K --port P [--ca-certs CA]``. One process;
+our lines go to stderr with their level (cheroot has no logger of its own)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import signal
+import ssl
 import sys
 
 from cheroot import wsgi
@@ -25,11 +26,14 @@ def main() -> None:
     parser.add_argument("--certfile", required=True)
     parser.add_argument("--keyfile", required=True)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ca-certs", help="require client certificates signed by this bundle (mutual TLS)")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     server = wsgi.Server(("127.0.0.1", options.port), hostile_apps.wsgi)
     try:
-        server.ssl_adapter = ReloadingSSLAdapter(options.certfile, options.keyfile)
+        server.ssl_adapter = ReloadingSSLAdapter(options.certfile, options.keyfile, options.ca_certs)
+        if options.ca_certs:
+            server.ssl_adapter.context.verify_mode = ssl.CERT_REQUIRED
     except CannotServe:
         sys.exit(1)
     signal.signal(signal.SIGTERM, leave)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import server_kinds
 from test_twisted import daphne, tlsreload
 from tlstest import RenameEachLayout
 
 
-def daphne_args(port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
-    *options, app = daphne(tlsreload(port, layout.cert_path, layout.key_path))
+def daphne_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+    keywords = {"caFile": client_ca} if client_ca is not None else {}
+    *options, app = daphne(tlsreload(port, layout.cert_path, layout.key_path, **keywords))
     return [*options, *extra, app]
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from server_kinds import register
 from tlstest import RenameEachLayout
 
 
-def websockets_args(port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+def websockets_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+    if client_ca is not None:
+        extra = ("--ca-certs", str(client_ca), *extra)
     files = ["--certfile", str(layout.cert_path), "--keyfile", str(layout.key_path)]
     return ["-m", "asyncio_server_apps", "websockets", *files, "--port", str(port), *extra]
 

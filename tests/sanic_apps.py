@@ -1,10 +1,12 @@
 """A Sanic app for the tests, run by Sanic's own command line (``python -m sanic sanic_apps:app --cert C --key K``):
 hostile_apps' routes (``/`` answering ``pid=<worker pid>``, ``/status``, ``/metrics``, every answer with an
 ``x-worker-pid`` header), and ``/restart``, which has Sanic's worker manager restart the worker that answers
-(``app.m.restart()``, Sanic's own way)."""
+(``app.m.restart()``, Sanic's own way). ``python -m sanic_apps --cert C --key K --ca-certs CA --port P`` runs the
+same app with ``app.run(ssl={..., "ca_certs": CA}, workers=2)``: Sanic's command line takes no client-CA bundle."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Any
 
@@ -42,3 +44,19 @@ async def metrics(request: Request) -> HTTPResponse:
 async def restart(request: Request) -> HTTPResponse:
     request.app.m.restart()
     return answer(f"pid={os.getpid()} restarting".encode())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--ca-certs", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    options = parser.parse_args()
+    ssl = {"cert": options.cert, "key": options.key, "ca_certs": options.ca_certs}
+    app.run(host="127.0.0.1", port=options.port, ssl=ssl, workers=options.workers, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

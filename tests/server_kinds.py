@@ -1,10 +1,11 @@
 """The server kinds of the shared matrix (hostile files today): how to start each, in one place.
 
-A kind is a name and a function ``args(port, layout, *extra) -> list[str]``: the command line, starting
-with ``-m``, of a real server serving ``hostile_apps`` (``/`` with the worker's pid, ``/status`` with its
+A kind is a name and a function ``args(port, layout, *extra, client_ca=None) -> list[str]``: the command line,
+starting with ``-m``, of a real server serving ``hostile_apps`` (``/`` with the worker's pid, ``/status`` with its
 reloaders' ``status()``, ``/metrics``; every answer with an ``x-worker-pid`` header) on ``127.0.0.1:port``
 over TLS with ``layout.cert_path`` and ``layout.key_path``, in :data:`WORKERS` serving processes (or one,
-see :data:`SINGLE`), checking every ``$TLSRELOAD_INTERVAL`` with ``$TLSRELOAD_METRICS`` on.
+see :data:`SINGLE`), checking every ``$TLSRELOAD_INTERVAL`` with ``$TLSRELOAD_METRICS`` on. With ``client_ca`` (a
+path), the server requires client certificates signed by a CA in that bundle, in its own convention (mutual TLS).
 
 A server joins the matrix with one module ``tests/kinds_<server>.py`` that calls :func:`register` at import:
 this module imports every such module, so no test file is edited to add a server.
@@ -48,13 +49,17 @@ def workers(kind: str) -> int:
     return 1 if kind in SINGLE else WORKERS
 
 
-def args(kind: str, port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+def args(kind: str, port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
     """The command line of ``kind`` (see the module docstring)."""
-    return KINDS[kind](port, layout, *extra)
+    return KINDS[kind](port, layout, *extra, client_ca=client_ca)
 
 
-def _gunicorn_kind(worker_class: str) -> Args:
-    def gunicorn_args(port: int, layout: RenameEachLayout, *extra: str) -> list[str]:
+def gunicorn_kind(worker_class: str) -> Args:
+    """The command line of gunicorn with ``worker_class`` (a kind of the matrix, or one a test adds)."""
+
+    def gunicorn_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+        if client_ca is not None:
+            extra = ("--ca-certs", str(client_ca), "--cert-reqs", "2", *extra)
         command = gunicorn(port, layout.cert_path, layout.key_path, "-c", DROP_IN, *extra, worker_class=worker_class)
         command[-1] = "hostile_apps:asgi" if worker_class in ASGI_WORKERS else "hostile_apps:wsgi"
         return command
@@ -63,20 +68,23 @@ def _gunicorn_kind(worker_class: str) -> Args:
 
 
 for _worker_class in ("sync", "gthread", "gevent", "asgi", UVICORN):
-    register(_worker_class, _gunicorn_kind(_worker_class), log_lines_name_the_worker=True)
-register(
-    "tlsreload-uvicorn",
-    lambda port, layout, *extra: uvicorn_drop_in(
-        port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi"
-    ),
-)
-register(
-    "tlsreload-hypercorn",
-    lambda port, layout, *extra: hypercorn_drop_in(
-        port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi"
-    ),
-    log_lines_name_the_worker=True,
-)
+    register(_worker_class, gunicorn_kind(_worker_class), log_lines_name_the_worker=True)
+
+
+def _uvicorn_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+    if client_ca is not None:
+        extra = ("--ssl-ca-certs", str(client_ca), "--ssl-cert-reqs", "2", *extra)
+    return uvicorn_drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
+
+
+def _hypercorn_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+    if client_ca is not None:
+        extra = ("--ca-certs", str(client_ca), "--verify-mode", "CERT_REQUIRED", *extra)
+    return hypercorn_drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
+
+
+register("tlsreload-uvicorn", _uvicorn_args)
+register("tlsreload-hypercorn", _hypercorn_args, log_lines_name_the_worker=True)
 
 for _module in sorted(Path(__file__).parent.glob("kinds_*.py")):
     importlib.import_module(_module.stem)

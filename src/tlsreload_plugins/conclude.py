@@ -16,7 +16,7 @@ import ssl
 from collections.abc import Callable
 
 from .examine import Examined
-from .identity import Leaf, NotServable, ReloadError
+from .identity import Leaf, NotServable, ReloadError, Snapshot
 from .outcome import Outcome, Settling, warn_expiry
 from .served import Served
 
@@ -77,17 +77,19 @@ class Concluding(Served):
             )
         if self._demand is not None:
             self._demand.validated = examined.snapshot
-        self._swap(examined.context, examined.leaf, examined.fingerprint or "", now)
+        self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot)
         if self._last_good is not None and examined.snapshot is not None:
             # After the state lock is released: a shared store may wait for another process's write.
             self._notices.append(([self._last_good.remember], (examined.snapshot, examined.leaf)))
         return Outcome.RELOADED
 
-    def _swap(self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float) -> None:
+    def _swap(
+        self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float, snapshot: Snapshot | None
+    ) -> None:
         """Make ``context`` the one new handshakes get. Established connections keep theirs."""
         old = self._leaf
         if self._demand is None or self._serving[0] is not None:  # on demand and not built: left unbuilt
-            self._serving = (context, context.sni_callback)
+            self._newest_for_connections(context, snapshot)
         self._fingerprint = observed_fingerprint
         self._known_bad = None
         self._leaf = leaf

@@ -166,6 +166,15 @@ FIXED_SETTINGS = ("minimum_version", "maximum_version", "verify_mode", "options"
 (OpenSSL's ``SSL_set_SSL_CTX`` moves the certificate, key, CA store, ALPN and ciphers only)."""
 
 
+def keep_fixed_settings(live: ssl.SSLContext, rebuilt: ssl.SSLContext) -> None:
+    """Give ``rebuilt`` the :data:`FIXED_SETTINGS` of ``live``: new connections are created on the newest
+    context (so that sessions made under another trust cannot resume), and keep the settings the server started
+    with, as a connection moved onto a rebuilt context does."""
+    for name in FIXED_SETTINGS:
+        if getattr(rebuilt, name) != getattr(live, name):
+            setattr(rebuilt, name, getattr(live, name))
+
+
 def fixed_setting_changes(live: ssl.SSLContext, rebuilt: ssl.SSLContext) -> list[str]:
     """The :data:`FIXED_SETTINGS` in which ``rebuilt`` differs from ``live``, described for a log line."""
     changes = []
@@ -277,6 +286,8 @@ def examine_files(
     # The recipe may have read other bytes than those validated: then try again next check.
     changed = fingerprint(read_files(files)) != observed
     changes = tuple(fixed_setting_changes(live, context)) if live is not None else ()
+    if changes and live is not None:
+        keep_fixed_settings(live, context)
     return Examined(
         observed, snapshot, leaf=leaf, context=context, changed_while_building=changed, fixed_changes=changes
     )

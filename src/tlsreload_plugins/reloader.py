@@ -5,12 +5,13 @@
 puts a freshly built context in its place. It does no waiting and owns no thread: the
 drivers in :mod:`tlsreload_plugins.drivers` call ``check`` on an interval.
 
-How the swap works: the server keeps the one context object it was handed. Its
-``sni_callback``, which OpenSSL calls on every ClientHello (with or without SNI), moves
-the new connection onto the newest complete context (``sslobject.context = newest``).
-Each connection therefore sees either the old identity or the new one, never a context
-halfway through ``load_cert_chain`` (which, on a live context, fails handshakes made at
-that moment).
+How the swap works: the server keeps the one context object it was handed. Its ``wrap_socket``
+and ``wrap_bio`` create each new connection on the newest complete context, whose session cache
+and ticket keys are its own: no session made before a reload resumes after it (a resumed session
+skips verification, so a removed client CA stays out). Each connection therefore sees either the
+old identity or the new one, never a context halfway through ``load_cert_chain`` (which, on a live
+context, fails handshakes made at that moment). Its ``sni_callback``, which OpenSSL calls on every
+ClientHello, routes a connection to an SNI identity's context.
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class Reloader(Concluding):
             self._origin = live
             self._serving = (live, live.sni_callback)
             live.sni_callback = self._on_client_hello
+            self._created_on_newest(live, snapshot)
         self._fingerprint = fingerprint(snapshot)
         self._leaf = leaf
         self._settling = Settling()

@@ -32,6 +32,9 @@ Offload = Callable[[Callable[[], T]], T]
 """Runs a blocking function elsewhere and returns its result (gevent: ``hub.threadpool.apply``)."""
 
 _reloaders: weakref.WeakSet[Served] = weakref.WeakSet()
+_trust_of: weakref.WeakKeyDictionary[ssl.SSLContext, bytes | None] = weakref.WeakKeyDictionary()
+"""The client-CA bytes each context a reloader created connections on was built with: a connection created on a
+context whose trust is no longer the newest one's is refused at its ClientHello (see ``Served._on_client_hello``)."""
 
 
 def _after_fork_in_child() -> None:
@@ -93,9 +96,47 @@ class Served:
         uses it to serve several identities by server name."""
         self._route = route
 
+    def _created_on_newest(self, live: ssl.SSLContext, snapshot: Snapshot) -> None:
+        """Have the server's context ``live`` create every new connection on the newest context, from now on.
+
+        A session is resumed from the session cache and ticket keys of the context its connection was created
+        on, and a resumed session skips certificate verification. Created on ``live`` and moved to the newest
+        context at its ClientHello, a connection would resume sessions made under any earlier client-CA
+        bundle. Created on the newest context, it resumes only sessions made on that context: a reload gives
+        new connections a new session cache and new ticket keys. ``wrap_socket`` and ``wrap_bio`` (how every
+        server creates its connections: threads, asyncio, uvloop, trio, gevent) are this instance's own; the
+        newest context keeps the settings fixed at start (:func:`~tlsreload_plugins.examine.keep_fixed_settings`).
+        """
+        _trust_of[live] = snapshot.ca
+        live.wrap_socket = self._wrap_socket  # type: ignore[method-assign]
+        live.wrap_bio = self._wrap_bio  # type: ignore[method-assign]
+
+    def _newest_for_connections(self, context: ssl.SSLContext, snapshot: Snapshot | None) -> None:
+        """Make ``context`` the one new connections are created on (called with the state lock held)."""
+        if self._live is not None and context is not self._live:
+            _trust_of[context] = snapshot.ca if snapshot is not None else _trust_of.get(self._live)
+            callback = context.sni_callback
+            context.sni_callback = self._on_client_hello
+            self._serving = (context, callback)
+        else:
+            self._serving = (context, context.sni_callback)
+
+    def _wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        newest = self._serving[0] or self.context
+        return type(newest).wrap_socket(newest, sock, *args, **kwargs)
+
+    def _wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        newest = self._serving[0] or self.context
+        return type(newest).wrap_bio(newest, incoming, outgoing, *args, **kwargs)
+
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str, live: ssl.SSLContext) -> int | None:
         serving, user_callback = self._serving
         newest = serving or live
+        if newest is not live and live in _trust_of and _trust_of[live] != _trust_of.get(newest, _trust_of[live]):
+            # Created before the client-CA bundle changed: its session cache would resume sessions the new
+            # bundle may no longer trust, and moving it cannot change that. Refused; the client's next
+            # connection gets the newest context.
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
         route = self._route
         if route is not None:
             newest = route(server_name) or newest

@@ -1,0 +1,295 @@
+"""A change of what a server trusts holds for resumed sessions as for new ones, in every server of the shared matrix.
+
+A resumed TLS session skips certificate verification: the client certificate comes from the session. So when
+the client-CA bundle stops trusting a CA, a client holding a session made before the change must not get back
+in by offering it. Each server kind of :mod:`server_kinds` runs with a client-CA bundle; for TLS 1.3 (tickets),
+TLS 1.2 with tickets and TLS 1.2 with session ids only (the client sets ``OP_NO_TICKET``), one after the other
+on the same server:
+
+1. a client (one :class:`ssl.SSLContext` for its identity: Python offers a session only through the context that
+   made it) keeps a session from every worker, and at least one of them resumes: resumption works at all;
+2. the bundle is replaced by another CA's (renamed into place), and every worker lets the other CA's client in;
+3. every session kept in 1, offered again several times, gets no answer; a fresh handshake is refused too;
+4. sessions made after the change resume as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import ssl
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trustme
+
+import server_kinds
+from hostile import place_good
+from test_hostile import TESTS, server_env
+from tls_server import make_recipe
+from tlsreload_plugins import Outcome, Reloader
+from tlstest import HOST, Pair, RenameEachLayout, Server, client_context, free_port, issue, run_server, wait_until
+
+DEADLINE = 30.0
+"""Seconds for a server to start, or for every worker to take the new bundle (the interval is 0.3 s)."""
+OFFERS = 8
+"""How often each session kept before the change is offered after it (either worker may answer)."""
+ATTEMPTS = 40
+"""Connections offering a session before resumption counts as not working (either worker may answer)."""
+
+VERSIONS = {
+    "TLS 1.3": (ssl.TLSVersion.TLSv1_3, False),
+    "TLS 1.2 tickets": (ssl.TLSVersion.TLSv1_2, False),
+    "TLS 1.2 session ids": (ssl.TLSVersion.TLSv1_2, True),
+}
+THREADED = ("sync", "gthread", "gevent", "cheroot", "tornado", "gunicorn tornado")
+NEVER_RESUMED = {
+    # These close a connection without a TLS shutdown, and OpenSSL drops the session of a connection that ends so
+    # from its cache: with or without tlsreload, they resume TLS 1.2 sessions by ticket only, never by id.
+    **{(kind, "TLS 1.2 session ids"): "sessions by id" for kind in THREADED},
+    # Twisted's CertificateOptions turn the session cache and tickets off unless asked (enableSessions).
+    **{("daphne", version): "sessions (Twisted's default)" for version in VERSIONS},
+}
+"""(kind, version) pairs where the server resumes no session, before or after any change: there the test checks
+that nothing resumes, and still that no session made before a change gets back in."""
+
+
+@dataclass
+class Answer:
+    """What one connection got: an HTTP 200 (with the worker's pid), the session, whether it was resumed."""
+
+    ok: bool
+    pid: int | None = None
+    session: ssl.SSLSession | None = None
+    resumed: bool = False
+
+
+Ask = Callable[[int, ssl.SSLContext, "ssl.SSLSession | None"], Answer]
+
+
+def client(
+    server_ca: trustme.CA, holder: Pair, version: ssl.TLSVersion, no_ticket: bool, alpn: list[str] | None = None
+) -> ssl.SSLContext:
+    ctx = client_context(server_ca, holder, minimum_version=version, maximum_version=version)
+    if no_ticket:
+        ctx.options |= ssl.OP_NO_TICKET
+    if alpn:
+        ctx.set_alpn_protocols(alpn)
+    return ctx
+
+
+def ask(port: int, ctx: ssl.SSLContext, session: ssl.SSLSession | None = None) -> Answer:
+    """``GET /`` on a new connection offering ``session``; any refusal (handshake, reset, no 200) is not ok."""
+    try:
+        with (
+            socket.create_connection((HOST, port), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname="localhost", session=session) as tls,
+        ):
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            response = b""
+            while chunk := tls.recv(65536):  # reading to the end reads TLS 1.3's session tickets too
+                response += chunk
+            resumed, kept = tls.session_reused, tls.session
+    except (OSError, ssl.SSLError):
+        return Answer(ok=False)
+    match = re.search(rb"(?im)^x-worker-pid: *(\d+)|pid=(\d+)", response)
+    ok = response.startswith(b"HTTP/1.1 200")
+    return Answer(ok=ok, pid=int(match.group(1) or match.group(2)) if match else None, session=kept, resumed=resumed)
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")  # then empty SETTINGS
+
+
+def ask_h2(port: int, ctx: ssl.SSLContext, session: ssl.SSLSession | None = None) -> Answer:
+    """HTTP/2's connection preface on a new connection offering ``session``: ok when the server answers with a
+    frame (gRPC's server settings), not with an alert or a close."""
+    try:
+        with (
+            socket.create_connection((HOST, port), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname="localhost", session=session) as tls,
+        ):
+            tls.sendall(H2_PREFACE)
+            frame = tls.recv(9)
+            return Answer(ok=len(frame) > 0, pid=0, session=tls.session, resumed=tls.session_reused)
+    except (OSError, ssl.SSLError):
+        return Answer(ok=False)
+
+
+def sessions_from_every_worker(
+    port: int, ctx: ssl.SSLContext, workers: int, ask: Ask = ask
+) -> dict[int, ssl.SSLSession]:
+    """A session from each of ``workers`` processes, made by fresh handshakes."""
+    sessions: dict[int, ssl.SSLSession] = {}
+
+    def every_worker() -> bool:
+        answer = ask(port, ctx, None)
+        if answer.ok and answer.pid is not None and answer.session is not None:
+            sessions.setdefault(answer.pid, answer.session)
+        return len(sessions) >= workers
+
+    wait_until(every_worker, DEADLINE, interval=0.01, what=f"a session from each of {workers} workers")
+    return sessions
+
+
+def resumes(port: int, ctx: ssl.SSLContext, sessions: dict[int, ssl.SSLSession], ask: Ask = ask) -> bool:
+    """Whether one of ``sessions``, offered again, resumes (each worker may answer any connection)."""
+    offered = list(sessions.values())
+    return any(ask(port, ctx, offered[i % len(offered)]).resumed for i in range(ATTEMPTS))
+
+
+def trust(path: Path, ca: trustme.CA) -> None:
+    """Replace the client-CA bundle at ``path`` with ``ca``'s certificate, renamed into place."""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_bytes(ca.cert_pem.bytes())
+    os.replace(staged, path)
+
+
+EXTRA_KINDS = {"gunicorn tornado": server_kinds.gunicorn_kind("tornado")}
+"""Worker classes this test meets beyond the matrix's kinds (the hostile cases do not)."""
+
+
+@pytest.fixture(params=[*server_kinds.KINDS, *EXTRA_KINDS])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_sessions_made_before_a_client_ca_change_never_resume(kind: str, ca: trustme.CA, tmp_path: Path) -> None:
+    layout = RenameEachLayout(tmp_path / "tls")
+    place_good(layout.cert_path, layout.key_path, ca)
+    bundle = tmp_path / "clients" / "ca.crt"
+    bundle.parent.mkdir()
+    client_cas = [trustme.CA(), trustme.CA()]
+    trust(bundle, client_cas[0])
+    port = free_port()
+    if kind in EXTRA_KINDS:
+        command = EXTRA_KINDS[kind](port, layout, client_ca=bundle)
+    else:
+        command = server_kinds.args(kind, port, layout, client_ca=bundle)
+    with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+        changes_hold(kind, port, server, ca, bundle, client_cas, server_kinds.workers(kind))
+
+
+def test_grpc_sessions_made_before_a_client_ca_change_never_resume(ca: trustme.CA, tmp_path: Path) -> None:
+    """gRPC builds a new server context (new session cache and ticket keys) for each certificate configuration."""
+    pair = issue(ca, "localhost")
+    cert, key, bundle = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    cert.write_bytes(pair.chain)
+    key.write_bytes(pair.key)
+    client_cas = [trustme.CA(), trustme.CA()]
+    trust(bundle, client_cas[0])
+    port = free_port()
+    command = [sys.executable, str(TESTS / "grpc_apps.py"), "--certfile", str(cert), "--keyfile", str(key)]
+    command += ["--port", str(port), "--ca-certs", str(bundle)]
+    with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+        changes_hold("grpc", port, server, ca, bundle, client_cas, 1, ask_h2, alpn=["h2"])
+
+
+def changes_hold(
+    kind: str,
+    port: int,
+    server: Server,
+    ca: trustme.CA,
+    bundle: Path,
+    client_cas: list[trustme.CA],
+    workers: int,
+    ask: Ask = ask,
+    alpn: list[str] | None = None,
+) -> None:
+    """The module docstring's steps, for each TLS version, against ``server`` trusting ``client_cas[0]`` first."""
+    holders = [issue(client_ca, "client.example") for client_ca in client_cas]
+    trusted = 0
+    for name, (version, no_ticket) in VERSIONS.items():
+        before = client(ca, holders[trusted], version, no_ticket, alpn)
+        try:
+            kept = sessions_from_every_worker(port, before, workers, ask)
+        except AssertionError:
+            raise AssertionError(f"{kind}, {name}: no answer before the change\n{server.output()}") from None
+        never = NEVER_RESUMED.get((kind, name))
+        assert resumes(port, before, kept, ask) != bool(never), (
+            f"{kind}, {name}: resumes {never} now: remove it from NEVER_RESUMED\n{server.output()}"
+            if never
+            else f"{kind}, {name}: no session resumes before the change at all\n{server.output()}"
+        )
+
+        trusted = 1 - trusted
+        trust(bundle, client_cas[trusted])
+        after = client(ca, holders[trusted], version, no_ticket, alpn)
+        sessions_from_every_worker(port, after, workers, ask)  # every worker takes the new bundle
+
+        answered = [ask(port, before, session) for session in kept.values() for _ in range(OFFERS)]
+        assert not any(answer.ok for answer in answered), (
+            f"{kind}, {name}: a session made before the client-CA change got back in "
+            f"({sum(answer.resumed for answer in answered)} of {len(answered)} offers resumed)"
+        )
+        assert not ask(port, before, None).ok, f"{kind}, {name}: the removed CA's client got in with a new handshake"
+        kept_after = sessions_from_every_worker(port, after, workers, ask)
+        assert resumes(port, after, kept_after, ask) != bool(never), (
+            f"{kind}, {name}: sessions made after the change do not resume\n{server.output()}"
+        )
+
+
+class InMemory:
+    """A server connection made by ``context.wrap_bio`` now (as asyncio does when it accepts one), handshaking
+    later with a client through memory."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+
+    def answer(self, ctx: ssl.SSLContext, session: ssl.SSLSession | None = None) -> Answer:
+        """A client of ``ctx`` offering ``session`` handshakes and reads ``ok`` (and TLS 1.3's tickets)."""
+        client_in, client_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(client_in, client_out, server_hostname="localhost", session=session)
+        try:
+            for _ in range(10):
+                for end in (tls, self.tls):
+                    with contextlib.suppress(ssl.SSLWantReadError):
+                        end.do_handshake()
+                self.incoming.write(client_out.read())
+                client_in.write(self.outgoing.read())
+            self.tls.write(b"ok")
+            client_in.write(self.outgoing.read())
+            received = tls.read(2)
+        except ssl.SSLError:  # refused by either end, or no answer
+            return Answer(ok=False)
+        return Answer(ok=received == b"ok", session=tls.session, resumed=self.tls.session_reused)
+
+
+@pytest.mark.parametrize("name", list(VERSIONS))
+def test_a_connection_accepted_before_a_client_ca_change_is_refused_after_it(
+    name: str, ca: trustme.CA, tmp_path: Path
+) -> None:
+    """A connection the server accepted before the change, whose ClientHello comes after it, would resume from the
+    session cache of the context it was created on: it is refused, and the next connection gets the new one."""
+    version, no_ticket = VERSIONS[name]
+    client_cas = [trustme.CA(), trustme.CA()]
+    cert, key, bundle = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    pair = issue(ca, "localhost")
+    cert.write_bytes(pair.chain)
+    key.write_bytes(pair.key)
+    trust(bundle, client_cas[0])
+    recipe = make_recipe(str(cert), str(key), str(bundle))
+    reloader = Reloader(str(cert), str(key), ca_certs=str(bundle), recipe=recipe)
+    holder = client(ca, issue(client_cas[0], "client.example"), version, no_ticket)
+    kept = [InMemory(reloader.context)]  # kept open: OpenSSL drops the session of a connection freed unfinished
+    first = kept[0].answer(holder)
+    assert first.ok and first.session is not None and not first.resumed
+    early = InMemory(reloader.context)
+    kept.append(InMemory(reloader.context))
+    assert kept[1].answer(holder, first.session).resumed  # a session resumes at all
+
+    trust(bundle, client_cas[1])
+    assert reloader.check() is Outcome.RELOADED
+    assert not early.answer(holder, first.session).ok
+    assert not InMemory(reloader.context).answer(holder, first.session).ok
+    newcomer = client(ca, issue(client_cas[1], "client.example"), version, no_ticket)
+    kept.append(InMemory(reloader.context))
+    made_after = kept[2].answer(newcomer)
+    assert made_after.ok and not made_after.resumed
+    kept.append(InMemory(reloader.context))
+    assert kept[3].answer(newcomer, made_after.session).resumed  # sessions made after the change resume

@@ -16,6 +16,7 @@ on the same server:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import socket
@@ -57,6 +58,18 @@ NEVER_RESUMED = {
 }
 """(kind, version) pairs where the server resumes no session, before or after any change: there the test checks
 that nothing resumes, and still that no session made before a change gets back in."""
+
+
+def uvicorn_default_ciphers() -> str | None:
+    import uvicorn
+
+    default = inspect.signature(uvicorn.Config).parameters["ssl_ciphers"].default
+    return default if isinstance(default, str) else None
+
+
+NO_TLS12 = {("tlsreload-uvicorn", name) for name in VERSIONS if "1.2" in name and uvicorn_default_ciphers() == "TLSv1"}
+"""Versions a server cannot speak with this client at all: older uvicorn's default ciphers (``TLSv1``) are CBC-SHA1
+suites, which Python's clients refuse; there TLS 1.2 is left out."""
 
 
 @dataclass
@@ -204,6 +217,8 @@ def changes_hold(
     holders = [issue(client_ca, "client.example") for client_ca in client_cas]
     trusted = 0
     for name, (version, no_ticket) in VERSIONS.items():
+        if (kind, name) in NO_TLS12:
+            continue
         before = client(ca, holders[trusted], version, no_ticket, alpn)
         try:
             kept = sessions_from_every_worker(port, before, workers, ask)

@@ -10,7 +10,7 @@ checker has run, and reads ``/proc/PID/smaps_rollup`` of each worker (``start``)
 rotated (``..data`` swapped), the script waits until every plugin worker serves the new one, and reads it
 again (``reloaded``). A worker of a spawn-based server (uvicorn, hypercorn) takes its parent's verdict on the
 files, at start and at each rotation; a process that validates new content itself (uvicorn in one process, a
-gunicorn worker) does so in a short-lived child process (``tlsreload_plugins.validate_apart``) and never imports
+gunicorn worker) does so in a short-lived child process (``tlsreload_plugins.validation.apart``) and never imports
 ``cryptography``. A process that parsed in-process would grow at its first reload, which is why both states are
 reported.
 

@@ -23,7 +23,7 @@ from typing import Any
 from cheroot import wsgi
 
 from tlsreload_plugins.cheroot import ReloadingSSLAdapter
-from tlsreload_plugins.serving import CannotServe
+from tlsreload_plugins.serving.start import CannotServe
 
 log = logging.getLogger("example.cheroot")
 

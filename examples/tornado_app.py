@@ -32,7 +32,7 @@ from tornado.netutil import bind_sockets
 from tornado.process import fork_processes
 from tornado.web import Application, RequestHandler
 
-from tlsreload_plugins.serving import CannotServe
+from tlsreload_plugins.serving.start import CannotServe
 from tlsreload_plugins.tornado import reloading_tls
 
 log = logging.getLogger("tornado_app")

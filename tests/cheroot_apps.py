@@ -14,7 +14,7 @@ from cheroot import wsgi
 
 import hostile_apps
 from tlsreload_plugins.cheroot import ReloadingSSLAdapter
-from tlsreload_plugins.serving import CannotServe
+from tlsreload_plugins.serving.start import CannotServe
 
 
 def leave(signum: int, frame: object) -> None:

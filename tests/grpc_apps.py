@@ -23,8 +23,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tlsreload_plugins import InvalidIdentity, sni
+from tlsreload_plugins import InvalidIdentity
 from tlsreload_plugins.grpc import ReloadingCredentials, reloaders, server_credentials
+from tlsreload_plugins.sni import identities as sni
 
 STATUS_METHOD = "/tlsreload.test.Status/Get"
 

@@ -248,7 +248,7 @@ def runnable_here(command: list[str], port: int) -> list[str]:
     if command[0] == "gunicorn":
         command = [sys.executable, "-m", "gunicorn", *command[1:]]
         command[command.index("--bind") + 1] = f"{HOST}:{port}"
-        command[-1] = "tlsreload_plugins._demo_app:wsgi"
+        command[-1] = "tlsreload_plugins.demo.app:wsgi"
         # Not in the manifest (one arbiter per container there): tests run several arbiters per user, and
         # gunicorn >= 25.1 gives every arbiter of a user the same control socket path.
         if any(setting.name == "control_socket_disable" for setting in KNOWN_SETTINGS):
@@ -258,7 +258,7 @@ def runnable_here(command: list[str], port: int) -> list[str]:
     command = [str(Path(sys.executable).with_name("tlsreload-uvicorn")), *command[1:]]
     command[command.index("--host") + 1] = HOST
     command[command.index("--port") + 1] = str(port)
-    command[command.index("myapp.asgi:app")] = "tlsreload_plugins._demo_app:asgi"
+    command[command.index("myapp.asgi:app")] = "tlsreload_plugins.demo.app:asgi"
     return command
 
 

@@ -24,7 +24,7 @@ from spawned import serve_and_reload
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
 from tlsreload_plugins.identity import Snapshot, validate
-from tlsreload_plugins.lastgood import (
+from tlsreload_plugins.lastgood.last_good import (
     _HEADER,
     LastGood,
     SharedStore,

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import trustme
 
-import tlsreload_plugins.lastgood
+import tlsreload_plugins.lastgood.last_good
 import tlsreload_plugins.reloader
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
 from tlsreload_plugins.identity import Snapshot, read_files, validate
-from tlsreload_plugins.lastgood import LastGood, SharedStore, content_key, keep_all_valid, shareable
-from tlsreload_plugins.store_table import decode, decode_refusals, encode
-from tlsreload_plugins.validate_apart import Unjudged
+from tlsreload_plugins.lastgood.last_good import LastGood, SharedStore, content_key, keep_all_valid, shareable
+from tlsreload_plugins.lastgood.table import decode, decode_refusals, encode
+from tlsreload_plugins.validation.apart import Unjudged
 from tlstest import client_context, issue, served_serial, wait_for_child
 
 
@@ -32,8 +32,8 @@ def recipe_for(files: TLSFiles) -> ssl.SSLContext:
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[Snapshot]:
     """Every validation the last good store's users run from now on (at start and in checks)."""
     judged: list[Snapshot] = []
-    for module in (tlsreload_plugins.lastgood, tlsreload_plugins.reloader):
-        name = "judge" if module is tlsreload_plugins.lastgood else "validate"
+    for module in (tlsreload_plugins.lastgood.last_good, tlsreload_plugins.reloader):
+        name = "judge" if module is tlsreload_plugins.lastgood.last_good else "validate"
         real = getattr(module, name)
 
         def count(snapshot: Snapshot, password: object = None, real: object = real) -> object:

@@ -386,7 +386,7 @@ def test_a_stop_asked_while_the_files_become_usable_is_still_a_stop() -> None:
     import signal
 
     from tlsreload_plugins.errors import ReloadError
-    from tlsreload_plugins.serving import wait_until_usable
+    from tlsreload_plugins.serving.start import wait_until_usable
 
     tries: list[int] = []
 

@@ -19,8 +19,8 @@ import trustme
 
 from tls_server import make_recipe, serving
 from tlsreload_plugins import Reloader, SNIIdentities, ThreadDriver, TLSFiles, metrics
-from tlsreload_plugins.lastgood import LastGood, SharedStore
-from tlsreload_plugins.sni import SNI_ENV, for_reloader, host_names, resolve_directories
+from tlsreload_plugins.lastgood.last_good import LastGood, SharedStore
+from tlsreload_plugins.sni.identities import SNI_ENV, for_reloader, host_names, resolve_directories
 from tlstest import HOST, CertbotLayout, KubeletLayout, Pair, client_context, issue, serial_of, wait_until
 
 INTERVAL = 0.2

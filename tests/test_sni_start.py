@@ -13,11 +13,12 @@ import pytest
 import trustme
 
 import tlsreload_plugins.examine
-import tlsreload_plugins.sni_ahead
-from tlsreload_plugins import SNIIdentities, validate_apart
+import tlsreload_plugins.sni.ahead
+from tlsreload_plugins import SNIIdentities
 from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, read_files, validate
-from tlsreload_plugins.lastgood import SharedStore, keep_all_valid
-from tlsreload_plugins.sni import discover
+from tlsreload_plugins.lastgood.last_good import SharedStore, keep_all_valid
+from tlsreload_plugins.sni.identities import discover
+from tlsreload_plugins.validation import apart as validate_apart
 from tlstest import issue, sni_tree
 
 
@@ -77,7 +78,7 @@ def test_a_process_started_after_the_arbiter_validated_every_identity_reads_each
     assert list(refused) == ["broken"] and children == [9]
 
     reads: list[str] = []
-    for module in (tlsreload_plugins.sni_ahead, tlsreload_plugins.examine):
+    for module in (tlsreload_plugins.sni.ahead, tlsreload_plugins.examine):
         real = module.read_files
 
         def counting(files: TLSFiles, real: object = real) -> Snapshot:

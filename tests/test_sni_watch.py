@@ -1,4 +1,4 @@
-"""Which SNI identities a tick looks at (tlsreload_plugins.sni_watch): the plain decisions, then a
+"""Which SNI identities a tick looks at (tlsreload_plugins.sni.tracker): the plain decisions, then a
 ChangeTracker over real directories written the way kubelet, certbot and a script in place write them.
 No threads, no servers: each test ticks the tracker itself."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import trustme
 
-from tlsreload_plugins.inotify import open_events
-from tlsreload_plugins.sni_watch import EVERYTHING, ChangeTracker, dirty_under, per_tick, sweep_slice
+from tlsreload_plugins.sni.inotify import open_events
+from tlsreload_plugins.sni.tracker import EVERYTHING, ChangeTracker, dirty_under, per_tick, sweep_slice
 from tlstest import CertbotLayout, KubeletLayout, issue
 
 needs_inotify = pytest.mark.skipif(open_events() is None, reason="no inotify on this system")

@@ -17,10 +17,12 @@ import pytest
 import trustme
 
 from hostile import HOSTILE, place_good
-from tlsreload_plugins import SNIIdentities, validate_apart, validate_child
+from tlsreload_plugins import SNIIdentities
 from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, read_files, validate
-from tlsreload_plugins.lastgood import SharedStore, keep_all_valid
-from tlsreload_plugins.sni import discover
+from tlsreload_plugins.lastgood.last_good import SharedStore, keep_all_valid
+from tlsreload_plugins.sni.identities import discover
+from tlsreload_plugins.validation import apart as validate_apart
+from tlsreload_plugins.validation import child as validate_child
 from tlstest import issue, sni_tree, with_password
 
 # The child's own start (validate_child._BOOT), with a validate that stalls on a certificate holding STALL and
@@ -31,7 +33,7 @@ MISBEHAVING = (
     "package.__path__ = [sys.argv[1]]\n"
     "sys.modules['tlsreload_plugins'] = package\n"
     "sys.path[:] = json.loads(sys.stdin.buffer.readline())['path']\n"
-    "from tlsreload_plugins import validate_child\n"
+    "from tlsreload_plugins.validation import child as validate_child\n"
     "real = validate_child.validate\n"
     "def validate(snapshot, password=None):\n"
     "    if b'STALL' in snapshot.cert:\n"

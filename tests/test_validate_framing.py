@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import trustme
 
-from tlsreload_plugins import child_process, validate_apart, validate_child
 from tlsreload_plugins.identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, validate
+from tlsreload_plugins.validation import apart as validate_apart
+from tlsreload_plugins.validation import child as validate_child
+from tlsreload_plugins.validation import process as child_process
 from tlstest import PASSWORD, issue, with_password
 
 

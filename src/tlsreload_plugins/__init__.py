@@ -20,11 +20,11 @@ The adapters live in :mod:`tlsreload_plugins.gunicorn`, :mod:`tlsreload_plugins.
 :mod:`tlsreload_plugins.hypercorn`.
 """
 
-from .drivers import AsyncioDriver, ThreadDriver
-from .fresh import FreshContext, fresh_context
-from .identity import InvalidIdentity, Leaf, NotServable, ReloadError, TLSFiles
-from .reloader import Outcome, Reloader, Status
-from .sni import SNIIdentities
+from tlsreload_plugins.drivers import AsyncioDriver, ThreadDriver
+from tlsreload_plugins.fresh import FreshContext, fresh_context
+from tlsreload_plugins.identity import InvalidIdentity, Leaf, NotServable, ReloadError, TLSFiles
+from tlsreload_plugins.reloader import Outcome, Reloader, Status
+from tlsreload_plugins.sni.identities import SNIIdentities
 
 __all__ = [
     "AsyncioDriver",

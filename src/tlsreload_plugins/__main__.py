@@ -1,5 +1,5 @@
 """``python -m tlsreload_plugins`` is the ``tlsreload`` command."""
 
-from .cli import main
+from tlsreload_plugins.cli import main
 
 raise SystemExit(main())

@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from . import __version__, demo, watch
-from .configured import server_context
-from .identity import InvalidIdentity, Leaf, TLSFiles, password_file
-from .reloader import PASSWORD_FILE_ENV, load_identity
-from .sni_discovery import discover, resolve_directories
-from .sni_summary import summarize
+from tlsreload_plugins import __version__
+from tlsreload_plugins.demo import run as demo
+from tlsreload_plugins.identity import InvalidIdentity, Leaf, TLSFiles, password_file
+from tlsreload_plugins.reloader import PASSWORD_FILE_ENV, load_identity
+from tlsreload_plugins.serving.configured import server_context
+from tlsreload_plugins.sni.discovery import discover, resolve_directories
+from tlsreload_plugins.sni.summary import summarize
+from tlsreload_plugins.watch import command as watch
 
 EXIT_OK = 0
 EXIT_UNUSABLE = 1

@@ -15,10 +15,10 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from .examine import Examined
-from .identity import Leaf, NotServable, ReloadError, Snapshot
-from .outcome import Outcome, Settling, warn_expiry
-from .served import Served
+from tlsreload_plugins.examine import Examined
+from tlsreload_plugins.identity import Leaf, NotServable, ReloadError, Snapshot
+from tlsreload_plugins.outcome import Outcome, Settling, warn_expiry
+from tlsreload_plugins.served import Served
 
 # Its log lines keep the logger they were always written under.
 log = logging.getLogger("tlsreload_plugins.reloader")

@@ -16,7 +16,7 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .reloader import Examined, Offload, Outcome, Reloader
+from tlsreload_plugins.reloader import Examined, Offload, Outcome, Reloader
 
 if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio (about 2 MiB)
     import asyncio

@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from . import validate_apart
-from .errors import InvalidIdentity, NotServable, ReloadError
-from .files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
-from .identity import Leaf, judge_period
-from .identity import validate as validate  # `X as X`: importable from here as before; validation is validate_apart's
+from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
+from tlsreload_plugins.identity import Leaf, judge_period
+from tlsreload_plugins.identity import (
+    validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
+)
+from tlsreload_plugins.validation import apart as validate_apart
 
 if TYPE_CHECKING:
-    from .lastgood import LastGood
+    from tlsreload_plugins.lastgood.last_good import LastGood
 
 Recipe = Callable[[], ssl.SSLContext]
 
@@ -64,7 +66,7 @@ def load_identity(
 ) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
     """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
     before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
-    decide exactly as the reloader does (validating where :mod:`tlsreload_plugins.validate_apart` says: a child
+    decide exactly as the reloader does (validating where :mod:`tlsreload_plugins.validation.apart` says: a child
     process, unless this one has loaded ``cryptography``). ``judged(snapshot)`` may give the leaf an earlier
     validation of exactly those bytes found (:meth:`LastGood.judged <tlsreload_plugins.lastgood.LastGood.judged>`),
     which is then not parsed again. Raises :class:`InvalidIdentity` with the reason."""
@@ -83,7 +85,7 @@ def first_identity(
 ) -> tuple[Snapshot, Leaf, ssl.SSLContext, InvalidIdentity | None]:
     """What a reloader serves first: the identity in ``files`` (:func:`load_identity`) or, when they
     cannot be used and ``last_good`` keeps one, the last good identity, judged at ``clock()``
-    (:meth:`LastGood.recall <tlsreload_plugins.lastgood.LastGood.recall>`). What is served is kept
+    (:meth:`LastGood.recall <tlsreload_plugins.lastgood.last_good.LastGood.recall>`). What is served is kept
     in ``last_good`` again. Returns it with why the files could not be used (``None``: they could; a
     :class:`NotJudged` when ``defer`` left content nobody had judged to the first check).
 
@@ -149,7 +151,7 @@ def first_verdict(
 def new_content(files: TLSFiles, served: str, known_bad: Examined | None) -> Snapshot | None:
     """What ``files`` hold when a check would validate it (neither the content ``served``, its fingerprint, nor
     the content last found unusable, ``known_bad``), else ``None`` (unreadable too): for a caller validating many
-    identities at once ahead of their checks (:func:`~tlsreload_plugins.validate_apart.prejudged`). Blocking
+    identities at once ahead of their checks (:func:`~tlsreload_plugins.validation.apart.prejudged`). Blocking
     (reads); changes nothing."""
     try:
         snapshot = read_files(files)
@@ -206,7 +208,7 @@ class Examined:
 
     @property
     def content_key(self) -> str:
-        """What the verdict is on: :func:`~tlsreload_plugins.lastgood.content_key` of the content judged."""
+        """What the verdict is on: :func:`~tlsreload_plugins.lastgood.last_good.content_key` of the content judged."""
         return f"{self.fingerprint}:{self.password}"
 
 

@@ -2,7 +2,7 @@
 
 The reading half of :mod:`tlsreload_plugins.identity`: every check of every process runs it, so it
 imports nothing that parses (no ``cryptography``: a worker whose files its server's parent has
-already validated loads none, see :mod:`tlsreload_plugins.lastgood`). A file is read whole, at most
+already validated loads none, see :mod:`tlsreload_plugins.lastgood.last_good`). A file is read whole, at most
 :data:`MAX_FILE_BYTES`, and only when it is a regular file. (These names are also importable from
 :mod:`tlsreload_plugins.identity`, where they were first defined.)
 """
@@ -16,7 +16,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import InvalidIdentity
+from tlsreload_plugins.errors import InvalidIdentity
 
 Password = str | bytes | Callable[[], str | bytes] | None
 """A key password as :meth:`ssl.SSLContext.load_cert_chain` accepts it."""

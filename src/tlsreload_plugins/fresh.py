@@ -9,7 +9,7 @@ one keeps serving. :meth:`FreshContext.close` (or leaving the ``with`` block) st
         serve(ssl_context=context)
 
 Underneath it is the core, assembled: a :class:`~tlsreload_plugins.Reloader` driven by a
-:class:`~tlsreload_plugins.ThreadDriver`, with SNI identities (:mod:`tlsreload_plugins.sni`) and
+:class:`~tlsreload_plugins.ThreadDriver`, with SNI identities (:mod:`tlsreload_plugins.sni.identities`) and
 Prometheus metrics (:mod:`tlsreload_plugins.metrics`) when asked for.
 """
 
@@ -20,15 +20,15 @@ import ssl
 from collections.abc import Iterable
 from types import TracebackType
 
-from . import identity
-from . import metrics as prometheus
-from . import sni as sni_identities
-from .configured import server_context
-from .drivers import ThreadDriver
-from .files import TLSFiles
-from .lastgood import RecipeFor
-from .reloader import Reloader, Status
-from .settings import resolve_password
+from tlsreload_plugins import identity
+from tlsreload_plugins import metrics as prometheus
+from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.files import TLSFiles
+from tlsreload_plugins.lastgood.last_good import RecipeFor
+from tlsreload_plugins.reloader import Reloader, Status
+from tlsreload_plugins.serving.configured import server_context
+from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.sni import identities as sni_identities
 
 __all__ = ["FreshContext", "fresh_context", "reloaders"]
 
@@ -66,7 +66,7 @@ class FreshContext:
     def status(self) -> Status:
         """The served certificate and the counters of the checks (:class:`~tlsreload_plugins.Status`);
         never waits for a check in progress. SNI identities have their own:
-        ``tlsreload_plugins.sni.for_reloader(fresh.reloader).status()``."""
+        ``tlsreload_plugins.sni.identities.for_reloader(fresh.reloader).status()``."""
         return self.reloader.status()
 
     @property

@@ -6,7 +6,7 @@ package, ``import grpc`` still means grpcio: imports are absolute (only ``from .
 
 import sys
 
-from .servers import grpc as _glue
-from .servers.grpc import *  # noqa: F403 - the glue's public names, for type checkers
+from tlsreload_plugins.servers import grpc as _glue
+from tlsreload_plugins.servers.grpc import *  # noqa: F403 - the glue's public names, for type checkers
 
 sys.modules[__name__] = _glue

@@ -5,7 +5,7 @@ This name is the same module object (not a copy), so its functions and settings 
 
 import sys
 
-from .servers import gunicorn as _glue
-from .servers.gunicorn import *  # noqa: F403 - the glue's public names, for type checkers
+from tlsreload_plugins.servers import gunicorn as _glue
+from tlsreload_plugins.servers.gunicorn import *  # noqa: F403 - the glue's public names, for type checkers
 
 sys.modules[__name__] = _glue

@@ -7,7 +7,7 @@ import ``prometheus_client`` (about 13 MiB per worker process) at all.
 
 :func:`observe` registers callbacks on a reloader that keep these up to date, each labelled with
 ``certfile`` (the certificate path as configured) and ``identity`` (``default`` for the configured
-identity, an SNI identity's name for that identity, see :mod:`tlsreload_plugins.sni`):
+identity, an SNI identity's name for that identity, see :mod:`tlsreload_plugins.sni.identities`):
 
 * ``tlsreload_checks_total``: checks made;
 * ``tlsreload_reload_attempts_total``: checks that found new content on disk and tried to use it
@@ -18,7 +18,7 @@ identity, an SNI identity's name for that identity, see :mod:`tlsreload_plugins.
 * ``tlsreload_certificate_not_after_timestamp_seconds``: when the served certificate expires;
 * ``tlsreload_last_success_timestamp_seconds``: when a check last found a usable identity on disk.
 
-SNI identities (:mod:`tlsreload_plugins.sni`) have these series each when a server has at most
+SNI identities (:mod:`tlsreload_plugins.sni.identities`) have these series each when a server has at most
 :data:`PER_IDENTITY_UP_TO` of them, or with ``TLSRELOAD_METRICS=per-identity``; beyond, the aggregates of
 :func:`report_sni` only: ``tlsreload_sni_identities{state}`` and
 ``tlsreload_sni_soonest_not_after_timestamp_seconds{identity}``.
@@ -42,13 +42,13 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from .identity import Leaf, ReloadError
-from .reloader import Outcome, Reloader, Status
+from tlsreload_plugins.identity import Leaf, ReloadError
+from tlsreload_plugins.reloader import Outcome, Reloader, Status
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
-    from .sni_summary import Summary
+    from tlsreload_plugins.sni.summary import Summary
 
 log = logging.getLogger("tlsreload_plugins.metrics")
 

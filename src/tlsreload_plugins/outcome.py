@@ -14,8 +14,8 @@ import enum
 import logging
 from dataclasses import dataclass
 
-from .files import TLSFiles
-from .identity import Leaf
+from tlsreload_plugins.files import TLSFiles
+from tlsreload_plugins.identity import Leaf
 
 
 class Outcome(enum.Enum):

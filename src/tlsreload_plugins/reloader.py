@@ -23,19 +23,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import identity
-from .conclude import _JUDGED_AT_FIRST_CHECK as _JUDGED_AT_FIRST_CHECK
-from .conclude import Concluding
+from tlsreload_plugins import identity
+from tlsreload_plugins.conclude import _JUDGED_AT_FIRST_CHECK as _JUDGED_AT_FIRST_CHECK
+from tlsreload_plugins.conclude import Concluding
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.reloader import X` works.
-from .examine import FIXED_SETTINGS as FIXED_SETTINGS
-from .examine import Examined as Examined
-from .examine import NotJudged, examine_files, first_identity, first_verdict, new_content
-from .examine import Recipe as Recipe
-from .examine import build_context as build_context
-from .examine import fixed_setting_changes as fixed_setting_changes
-from .examine import load_identity as load_identity
-from .identity import (
+from tlsreload_plugins.examine import FIXED_SETTINGS as FIXED_SETTINGS
+from tlsreload_plugins.examine import Examined as Examined
+from tlsreload_plugins.examine import NotJudged, examine_files, first_identity, first_verdict, new_content
+from tlsreload_plugins.examine import Recipe as Recipe
+from tlsreload_plugins.examine import build_context as build_context
+from tlsreload_plugins.examine import fixed_setting_changes as fixed_setting_changes
+from tlsreload_plugins.examine import load_identity as load_identity
+from tlsreload_plugins.identity import (
     InvalidIdentity,
     Leaf,
     NotServable,
@@ -46,33 +46,33 @@ from .identity import (
     fingerprint,
     read_files,
 )
-from .lastgood import LastGood, RecipeFor
-from .outcome import Outcome as Outcome
-from .outcome import Settling as Settling
-from .outcome import Status as Status
-from .outcome import warn_expiry as warn_expiry
-from .served import Offload as Offload
-from .served import Route as Route
-from .served import Served as Served
-from .served import SNICallback as SNICallback
-from .served import T as T
-from .served import _after_fork_in_child as _after_fork_in_child
-from .served import _OnDemand as _OnDemand
-from .served import _reloaders as _reloaders
-from .settings import DEFAULT_EXPIRY_WARNING_DAYS as DEFAULT_EXPIRY_WARNING_DAYS
-from .settings import DEFAULT_INTERVAL as DEFAULT_INTERVAL
-from .settings import EXPIRY_WARNING_ENV as EXPIRY_WARNING_ENV
-from .settings import INTERVAL_ENV as INTERVAL_ENV
-from .settings import MIN_INTERVAL as MIN_INTERVAL
-from .settings import PASSWORD_FILE_ENV as PASSWORD_FILE_ENV
-from .settings import _number as _number
-from .settings import resolve_expiry_warning_days as resolve_expiry_warning_days
-from .settings import resolve_interval as resolve_interval
-from .settings import resolve_password as resolve_password
+from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor
+from tlsreload_plugins.outcome import Outcome as Outcome
+from tlsreload_plugins.outcome import Settling as Settling
+from tlsreload_plugins.outcome import Status as Status
+from tlsreload_plugins.outcome import warn_expiry as warn_expiry
+from tlsreload_plugins.served import Offload as Offload
+from tlsreload_plugins.served import Route as Route
+from tlsreload_plugins.served import Served as Served
+from tlsreload_plugins.served import SNICallback as SNICallback
+from tlsreload_plugins.served import T as T
+from tlsreload_plugins.served import _after_fork_in_child as _after_fork_in_child
+from tlsreload_plugins.served import _OnDemand as _OnDemand
+from tlsreload_plugins.served import _reloaders as _reloaders
+from tlsreload_plugins.settings import DEFAULT_EXPIRY_WARNING_DAYS as DEFAULT_EXPIRY_WARNING_DAYS
+from tlsreload_plugins.settings import DEFAULT_INTERVAL as DEFAULT_INTERVAL
+from tlsreload_plugins.settings import EXPIRY_WARNING_ENV as EXPIRY_WARNING_ENV
+from tlsreload_plugins.settings import INTERVAL_ENV as INTERVAL_ENV
+from tlsreload_plugins.settings import MIN_INTERVAL as MIN_INTERVAL
+from tlsreload_plugins.settings import PASSWORD_FILE_ENV as PASSWORD_FILE_ENV
+from tlsreload_plugins.settings import _number as _number
+from tlsreload_plugins.settings import resolve_expiry_warning_days as resolve_expiry_warning_days
+from tlsreload_plugins.settings import resolve_interval as resolve_interval
+from tlsreload_plugins.settings import resolve_password as resolve_password
 
 # What a check validates with: identity.validate's contract, run where validate_apart says (a child process,
 # unless this one has loaded cryptography). Under the name the reloader always called (tests count its calls).
-from .validate_apart import judge as validate
+from tlsreload_plugins.validation.apart import judge as validate
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
@@ -93,14 +93,14 @@ class Reloader(Concluding):
     :meth:`add_callbacks` (metrics, an adapter's hooks); exceptions they raise are logged and swallowed.
 
     ``last_good`` keeps the identity this reloader serves where the server's other processes find it
-    (:mod:`tlsreload_plugins.lastgood`): when the files cannot be used at construction, a valid identity kept
+    (:mod:`tlsreload_plugins.lastgood.last_good`): when the files cannot be used at construction, a valid identity kept
     there is served instead (one WARNING says so and why), and the files on disk are used as soon as they are
     usable. The verdicts (and refusals) found for the files' bytes are kept there too, for the others to take.
 
     ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a handshake
     needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the first
     :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For identities
-    that may never be asked for (:mod:`tlsreload_plugins.sni`); such a reloader does not keep its first
+    that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader does not keep its first
     identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
     ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again; with
     ``judged``, the leaf its owner found ``last_good`` keeping for exactly those bytes, nor looked up again.

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, fingerprint
-from .lastgood import LastGood, RecipeFor, bytes_served, context_from
-from .outcome import Outcome, Status
+from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, fingerprint
+from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor, bytes_served, context_from
+from tlsreload_plugins.outcome import Outcome, Status
 
 # Its log lines keep the logger they were always written under.
 log = logging.getLogger("tlsreload_plugins.reloader")
@@ -92,7 +92,7 @@ class Served:
     def set_route(self, route: Route | None) -> None:
         """Consult ``route(server_name)`` first on every handshake: a context it returns serves the
         connection instead of this reloader's newest one (``None`` to stop). It must be quick (it
-        runs inside OpenSSL's ClientHello callback) and never raise; :mod:`tlsreload_plugins.sni`
+        runs inside OpenSSL's ClientHello callback) and never raise; :mod:`tlsreload_plugins.sni.identities`
         uses it to serve several identities by server name."""
         self._route = route
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .files import Password, password_file
+from tlsreload_plugins.files import Password, password_file
 
 DEFAULT_INTERVAL = 1.0
 """Seconds between checks. An unchanged check reads two small files and hashes them (about 12

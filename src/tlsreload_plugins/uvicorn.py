@@ -5,8 +5,8 @@ This name is the same module object (not a copy), so its functions and settings 
 
 import sys
 
-from .servers import uvicorn as _glue
-from .servers.uvicorn import *  # noqa: F403 - the glue's public names, for type checkers
+from tlsreload_plugins.servers import uvicorn as _glue
+from tlsreload_plugins.servers.uvicorn import *  # noqa: F403 - the glue's public names, for type checkers
 
 if __name__ == "__main__":
     _glue.main()

@@ -1,4 +1,4 @@
-"""Each server's glue, one module each, on the core (:mod:`tlsreload_plugins.serving` and below).
+"""Each server's glue, one module each, on the core (:mod:`tlsreload_plugins.serving.start` and below).
 
 A glue module says only what is particular to its server: how it is configured, where its context
 is built, and its worker lifecycle. ``tlsreload_plugins.gunicorn``, ``.uvicorn`` and ``.hypercorn``

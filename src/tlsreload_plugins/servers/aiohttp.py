@@ -25,8 +25,8 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from ..fresh import FreshContext, fresh_context, reloaders
-from ..lastgood import RecipeFor
+from tlsreload_plugins.fresh import FreshContext, fresh_context, reloaders
+from tlsreload_plugins.lastgood.last_good import RecipeFor
 
 __all__ = ["prepare_gunicorn_worker_class", "reloaders", "reloading"]
 

@@ -44,11 +44,11 @@ except ImportError as e:  # one clear line rather than a traceback into this mod
         f"tlsreload_plugins.cheroot needs cheroot ({e}): pip install 'tlsreload-plugins[cherrypy]'"
     ) from e
 
-from tlsreload_plugins import logs
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving import CannotServe, Settings, start_reloader
+from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving.start import CannotServe, Settings, start_reloader
 from tlsreload_plugins.settings import resolve_password
 
 __all__ = ["SSL_MODULE", "ReloadingSSLAdapter", "reloaders"]

@@ -30,15 +30,16 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
         f"tlsreload_plugins.grpc needs grpcio, which is not installed ({e}): pip install 'tlsreload-plugins[grpc]'"
     ) from e
 
-from .. import identity, sni
-from ..configured import server_context
-from ..drivers import ThreadDriver
-from ..files import Password, TLSFiles, password_bytes
-from ..lastgood import LastGood, SharedStore
-from ..reloader import Outcome, Reloader, Status, load_identity
-from ..serving import Settings, equip, retry_at_start
-from ..settings import resolve_password
-from ..store import DEFAULT, Parts
+from tlsreload_plugins import identity
+from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.files import Password, TLSFiles, password_bytes
+from tlsreload_plugins.lastgood.last_good import LastGood, SharedStore
+from tlsreload_plugins.lastgood.store import DEFAULT, Parts
+from tlsreload_plugins.reloader import Outcome, Reloader, Status, load_identity
+from tlsreload_plugins.serving.configured import server_context
+from tlsreload_plugins.serving.start import Settings, equip, retry_at_start
+from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.sni import identities as sni
 
 __all__ = ["ReloadingCredentials", "reloaders", "server_credentials"]
 
@@ -68,7 +69,7 @@ class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused
 
     Attributes:
         reloader: the :class:`~tlsreload_plugins.Reloader` checking the configured files (its SNI identities:
-            ``tlsreload_plugins.sni.for_reloader(credentials.reloader)``).
+            ``tlsreload_plugins.sni.identities.for_reloader(credentials.reloader)``).
         configurations: how many gRPC configurations were built (the first included).
         handed: how many new configurations gRPC took since start-up (each for the connections accepted after it).
     """

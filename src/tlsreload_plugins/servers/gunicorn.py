@@ -22,15 +22,15 @@ import sys
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, cast
 
-from .. import logs
-from ..configured import server_context
-from ..files import Password, TLSFiles
-from ..hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
-from ..lastgood import RecipeFor, SharedStore
-from ..reloader import Recipe, Reloader, resolve_password
-from ..serving import CannotServe, Settings, check_at_start, exit_if_cannot_serve
-from ..workers import glue_for, prepare_worker_class, running_here, serve_in_worker, stop_here
-from ..workers import reloaders_here as reloaders
+from tlsreload_plugins.files import Password, TLSFiles
+from tlsreload_plugins.lastgood.last_good import RecipeFor, SharedStore
+from tlsreload_plugins.reloader import Recipe, Reloader, resolve_password
+from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving.configured import server_context
+from tlsreload_plugins.serving.hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
+from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve
+from tlsreload_plugins.serving.workers import glue_for, prepare_worker_class, running_here, serve_in_worker, stop_here
+from tlsreload_plugins.serving.workers import reloaders_here as reloaders
 
 __all__ = ["add_reload", "reloaders", "worker_reloader"]
 
@@ -187,7 +187,9 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
         )  # 3: gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
 
     if glue_for(type(worker), OTHER_SERVERS_WORKERS) == "uvicorn_worker":
-        from . import uvicorn_worker  # its uvicorn calls the factory as it starts serving, after this hook
+        from tlsreload_plugins.servers import (
+            uvicorn_worker,  # its uvicorn calls the factory as it starts serving, after this hook
+        )
 
         uvicorn_worker.in_gunicorn_worker(worker, user_ssl_context, serve)
     elif still_ours(cfg.ssl_context, add_reload, "ssl_context", log):

@@ -9,7 +9,7 @@ Where the context is built: hypercorn calls ``create_ssl_context()`` once per wo
 running loop; the recipe is hypercorn's own ``Config.create_ssl_context``, and the checks run from that
 loop (:func:`~tlsreload_plugins.drivers.check_from_running_loop`) until it ends. Worker lifecycle: spawned;
 the parent checks the files and keeps the newest valid identity in a
-:class:`~tlsreload_plugins.lastgood.SharedStore` on the ``Config``, which hypercorn passes to each worker
+:class:`~tlsreload_plugins.lastgood.last_good.SharedStore` on the ``Config``, which hypercorn passes to each worker
 it starts (start-up, SIGHUP, ``--reload``); a worker with nothing valid waits instead of exiting (on which
 hypercorn stops the whole server). HTTP/3 is refused: hypercorn hands aioquic the certificate *files* once.
 See docs/hypercorn.md.
@@ -28,16 +28,16 @@ from typing import Any
 
 from hypercorn.config import Config
 
-from .. import logs
-from ..configured import check_config_at_start, start_from_config
-from ..drivers import check_from_running_loop
-from ..identity import InvalidIdentity
-from ..lastgood import SharedStore
-from ..lifespan import register, reloaders
-from ..serving import CannotServe, Settings, exit_if_cannot_serve
-from ..settings import resolve_interval
-from ..tls_options import add_options, argparse_settings
-from ..workers import waiting_in_spawned_worker
+from tlsreload_plugins.drivers import check_from_running_loop
+from tlsreload_plugins.identity import InvalidIdentity
+from tlsreload_plugins.lastgood.last_good import SharedStore
+from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving.configured import check_config_at_start, start_from_config
+from tlsreload_plugins.serving.lifespan import register, reloaders
+from tlsreload_plugins.serving.options import add_options, argparse_settings
+from tlsreload_plugins.serving.start import CannotServe, Settings, exit_if_cannot_serve
+from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
+from tlsreload_plugins.settings import resolve_interval
 
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
 
@@ -56,7 +56,7 @@ class ReloadingConfig(Config):
     ``from_mapping``, ``from_object``. Besides hypercorn's settings it reads
     ``tls_reload_interval`` (seconds between checks; ``None``: ``$TLSRELOAD_INTERVAL``, else 1),
     ``tls_sni`` (directories of more identities chosen by server name; ``None``:
-    ``$TLSRELOAD_SNI``; see :mod:`tlsreload_plugins.sni`) and ``tls_metrics`` (export Prometheus
+    ``$TLSRELOAD_SNI``; see :mod:`tlsreload_plugins.sni.identities`) and ``tls_metrics`` (export Prometheus
     metrics; ``None``: ``$TLSRELOAD_METRICS``, else off; see :mod:`tlsreload_plugins.metrics`).
     :func:`reloaders` lists the reloaders it made in this process.
 

@@ -6,7 +6,7 @@ context through the app's ``certloader_class``: :class:`ReloadingCertLoader` use
 (ciphers, ALPN, TLS 1.2 floor, names read from the certificate) and checks the files in a thread. Workers Sanic
 starts or restarts (``app.m.restart()``, its inspector, auto-reload) keep the last good certificate: before they
 start (``main_process_start``) the main process checks each certificate and keeps it in a
-:class:`~tlsreload_plugins.lastgood.SharedStore` that reaches every worker through ``app.shared_ctx``. Several
+:class:`~tlsreload_plugins.lastgood.last_good.SharedStore` that reaches every worker through ``app.shared_ctx``. Several
 certificates (a list) are each reloaded on their own, Sanic's ``CertSelector`` picking the newest context of each
 by server name (stock Sanic cannot pickle its selector for its workers: they get the list of settings instead).
 """
@@ -25,17 +25,18 @@ try:
 except ImportError as e:  # one clear line rather than a traceback into this module
     raise ImportError(f"tlsreload_plugins.sanic needs sanic ({e}): pip install 'tlsreload-plugins[sanic]'") from e
 
-from tlsreload_plugins import logs, sni
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import FIXED_SETTINGS
 from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.lastgood import SharedStore
-from tlsreload_plugins.lifespan import register, reloaders
+from tlsreload_plugins.lastgood.last_good import SharedStore
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving import CannotServe, Settings, check_at_start, exit_if_cannot_serve, start_reloader
+from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving.lifespan import register, reloaders
+from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve, start_reloader
+from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password
-from tlsreload_plugins.workers import waiting_in_spawned_worker
+from tlsreload_plugins.sni import identities as sni
 
 __all__ = ["STARTUP_FAILURE", "STORES", "ReloadingCertLoader", "reload_certificates", "reloaders"]
 

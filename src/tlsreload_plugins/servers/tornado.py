@@ -9,7 +9,7 @@ dictionary has no key for). Tornado wraps each accepted connection with the cont
 connections get the newest valid certificate, established ones keep theirs.
 
 Worker lifecycle: :func:`reloading_tls` checks the files once, in the process that starts the server,
-and keeps the identity in a :class:`~tlsreload_plugins.lastgood.SharedStore`. Under
+and keeps the identity in a :class:`~tlsreload_plugins.lastgood.last_good.SharedStore`. Under
 ``tornado.process.fork_processes`` that is the parent, before the fork: no thread runs there. Each
 process that serves then calls :meth:`ReloadingTLS.context` before its event loop starts; it gets a
 reloader checked in a daemon thread. A child ``fork_processes`` restarts (one that crashed or was
@@ -26,12 +26,12 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
-from ..drivers import ThreadDriver
-from ..files import Password, TLSFiles
-from ..files import password_file as password_in_file
-from ..lastgood import RecipeFor, SharedStore
-from ..reloader import Reloader, resolve_password
-from ..serving import Settings, Waiting, check_at_start, start_reloader
+from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.files import Password, TLSFiles
+from tlsreload_plugins.files import password_file as password_in_file
+from tlsreload_plugins.lastgood.last_good import RecipeFor, SharedStore
+from tlsreload_plugins.reloader import Reloader, resolve_password
+from tlsreload_plugins.serving.start import Settings, Waiting, check_at_start, start_reloader
 
 __all__ = ["SSL_OPTIONS", "ReloadingTLS", "reloaders", "reloading_tls"]
 

@@ -38,14 +38,14 @@ except ImportError as e:  # the [twisted] extra: one clear line instead of a bar
         f"tlsreload's tlsreload: endpoint needs Twisted with TLS ({e}): pip install 'tlsreload-plugins[twisted]'"
     ) from e
 
-from .. import sni
-from ..drivers import ThreadDriver
-from ..files import Password, TLSFiles, password_bytes, password_file, read_files
-from ..lastgood import RecipeFor, in_memory_files
-from ..lifespan import register, reloaders
-from ..reloader import Reloader
-from ..serving import CannotServe, Settings, start_reloader
-from ..settings import resolve_password
+from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.files import Password, TLSFiles, password_bytes, password_file, read_files
+from tlsreload_plugins.lastgood.last_good import RecipeFor, in_memory_files
+from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.serving.lifespan import register, reloaders
+from tlsreload_plugins.serving.start import CannotServe, Settings, start_reloader
+from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.sni import identities as sni
 
 __all__ = ["EXTRA_KEYWORDS", "NewestContext", "reloaders", "reloading_endpoint"]
 

@@ -18,15 +18,21 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .. import lifespan, logs
-from ..configured import check_config_at_start, config_recipes, parameter_names, start_from_config
-from ..lastgood import SharedStore
-from ..lifespan import TLSReloadLifespan, reloaders, reloading_certificates
-from ..reloader import Recipe, Reloader
-from ..serving import Settings, exit_if_cannot_serve
-from ..settings import resolve_password
-from ..tls_options import click_settings, with_tls_options
-from ..workers import waiting_in_spawned_worker
+from tlsreload_plugins.lastgood.last_good import SharedStore
+from tlsreload_plugins.reloader import Recipe, Reloader
+from tlsreload_plugins.serving import lifespan as lifespan
+from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving.configured import (
+    check_config_at_start,
+    config_recipes,
+    parameter_names,
+    start_from_config,
+)
+from tlsreload_plugins.serving.lifespan import TLSReloadLifespan, reloaders, reloading_certificates
+from tlsreload_plugins.serving.options import click_settings, with_tls_options
+from tlsreload_plugins.serving.start import Settings, exit_if_cannot_serve
+from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
+from tlsreload_plugins.settings import resolve_password
 
 if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so that a missing extra is one
     import uvicorn  # clear line, not a ModuleNotFoundError from this module's import
@@ -154,7 +160,7 @@ def _not_in_gunicorn_worker(config: Any, default_factory: Recipe) -> ssl.SSLCont
 def _gunicorn_worker_context(
     worker: Any, user: Callable[..., ssl.SSLContext], serve: Callable[..., Reloader], config: Any, factory: Recipe
 ) -> ssl.SSLContext:
-    from .gunicorn import with_files
+    from tlsreload_plugins.servers.gunicorn import with_files
 
     password = resolve_password(config.ssl_keyfile_password)
     recipe, recipe_for = config_recipes(config, _uvicorn_context, names=NAMES, password=password, own=factory)

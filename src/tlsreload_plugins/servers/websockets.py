@@ -24,8 +24,8 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Iterable
 
-from ..fresh import fresh_context, reloaders
-from ..lastgood import RecipeFor
+from tlsreload_plugins.fresh import fresh_context, reloaders
+from tlsreload_plugins.lastgood.last_good import RecipeFor
 
 __all__ = ["reloaders", "reloading_ssl"]
 

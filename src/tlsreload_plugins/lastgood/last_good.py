@@ -1,0 +1,367 @@
+"""The last good identity, kept in memory so that a process that starts while the files on disk are
+broken serves it instead of nothing.
+
+A server's processes come and go (gunicorn's ``max_requests``, HUP, a crashed or killed worker,
+uvicorn's supervisor replacing a child). A new process reads the files like the first one did;
+if they are broken at that moment it has nothing to serve, although its siblings were serving a
+good certificate a moment before. :class:`LastGood` keeps the newest identity a server put in
+service in a :class:`SharedStore`, memory all its processes share, and builds a context from it
+when the files cannot be used. The store keeps one identity per name: the configured one
+(:data:`DEFAULT`) and each SNI identity (:mod:`tlsreload_plugins.sni.identities`) under its own name, each
+with the leaf its validation found. Nothing touches the disk.
+
+The store also keeps, per name, the refusal validation found for the newest content it refused (its
+message and path, for exactly those bytes and that key password: :func:`content_key`). A process that
+reads those bytes takes that refusal (:meth:`LastGood.judge`, :meth:`LastGood.refusal`) instead of
+validating them again: a gunicorn worker started while the files are broken serves the last good at
+once, reporting the refusal as any start on broken files does. Not kept: refusals for dates (time
+changes them) and a validation stopped before its verdict (:class:`~tlsreload_plugins.validation.apart.Unjudged`).
+
+* Servers that ``fork()`` their workers (gunicorn) create the store before the first fork. Every
+  worker writes what it starts serving; every new worker reads it.
+* Servers that start workers with ``spawn`` (uvicorn's ``--workers``, hypercorn) pass the store to
+  each child with its configuration (on Linux, as a memfd). Their parent validates the files too
+  (:func:`keep_newest_valid`), so a worker takes the parent's verdict on new content instead of
+  having it validated again (:mod:`tlsreload_plugins.validation.apart`: a child process each time).
+
+A context is built from the bytes through the server's own recipe, given paths to in-memory files
+(``memfd_create``, read as ``/proc/self/fd/N``; :mod:`tlsreload_plugins.lastgood.memory_files`). Where memfd is
+missing, the files go to a private directory (0700, files 0600) and are removed as soon as the context
+is built.
+
+The store itself (:class:`SharedStore`, its keeper, its table's encoding) is in
+:mod:`tlsreload_plugins.lastgood.store`; its names are importable from here too, where they were first defined.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from tlsreload_plugins.examine import NotJudged, password_digest
+from tlsreload_plugins.identity import (
+    InvalidIdentity,
+    Leaf,
+    Password,
+    Snapshot,
+    TLSFiles,
+    fingerprint,
+    judge_period,
+    read_files,
+)
+from tlsreload_plugins.identity import (
+    validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
+)
+from tlsreload_plugins.lastgood.memory_files import RecipeFor as RecipeFor
+from tlsreload_plugins.lastgood.memory_files import context_from as context_from
+from tlsreload_plugins.lastgood.memory_files import in_memory_files as in_memory_files
+
+# `X as X`: names that moved out of this module, imported back so `from ...last_good import X` works.
+from tlsreload_plugins.lastgood.store import _COUNT as _COUNT
+from tlsreload_plugins.lastgood.store import _ENTRY as _ENTRY
+from tlsreload_plugins.lastgood.store import _HEADER as _HEADER
+from tlsreload_plugins.lastgood.store import _PASSES as _PASSES
+from tlsreload_plugins.lastgood.store import ASK_WAIT as ASK_WAIT
+from tlsreload_plugins.lastgood.store import DEFAULT as DEFAULT
+from tlsreload_plugins.lastgood.store import LOCK_WAIT as LOCK_WAIT
+from tlsreload_plugins.lastgood.store import REGION_BYTES as REGION_BYTES
+from tlsreload_plugins.lastgood.store import Keeper as Keeper
+from tlsreload_plugins.lastgood.store import Kept as Kept
+from tlsreload_plugins.lastgood.store import Parts as Parts
+from tlsreload_plugins.lastgood.store import Refusal as Refusal
+from tlsreload_plugins.lastgood.store import SharedStore as SharedStore
+from tlsreload_plugins.lastgood.store import _attached as _attached
+from tlsreload_plugins.lastgood.store import _copied as _copied
+from tlsreload_plugins.lastgood.store import _Descriptor as _Descriptor
+from tlsreload_plugins.lastgood.store import _for_process_being_started as _for_process_being_started
+from tlsreload_plugins.lastgood.store import _leaf_bytes as _leaf_bytes
+from tlsreload_plugins.lastgood.store import _leaf_from as _leaf_from
+from tlsreload_plugins.lastgood.store import _named as _named
+from tlsreload_plugins.lastgood.store import decode as decode
+from tlsreload_plugins.lastgood.store import encode as encode
+from tlsreload_plugins.lastgood.store import shared_with_spawned_processes as shared_with_spawned_processes
+from tlsreload_plugins.validation.apart import Unjudged, apart, judge, validate_many
+
+log = logging.getLogger("tlsreload_plugins.lastgood")
+
+
+def bytes_served(files: TLSFiles, served: str, last_good: LastGood | None) -> Snapshot | None:
+    """The bytes whose fingerprint is ``served``, from ``last_good``'s store when it keeps them, else from
+    ``files`` when they still hold them; ``None`` when neither does (the files moved on since). What an
+    on-demand reloader that keeps no copy of its own builds its context from."""
+    if last_good is not None:
+        parts = last_good.store.read(last_good.name)
+        if parts is not None:
+            kept = Snapshot(files, *parts)
+            if fingerprint(kept) == served:
+                return kept
+    try:
+        snapshot = read_files(files)
+    except InvalidIdentity:
+        return None
+    return snapshot if fingerprint(snapshot) == served else None
+
+
+def content_key(snapshot: Snapshot, password: Password) -> str:
+    """What a refusal kept in a :class:`SharedStore` is for: a digest of ``snapshot``'s bytes and of the key
+    password ``password`` gives now (validation's verdict depends on nothing else)."""
+    return f"{fingerprint(snapshot)}:{password_digest(password)}"
+
+
+def shareable(error: InvalidIdentity) -> bool:
+    """Whether ``error`` is validation's verdict on the bytes, which any process reading them may take: not a
+    child stopped or ended before its verdict (:class:`~tlsreload_plugins.validation.apart.Unjudged`)."""
+    return not isinstance(error, Unjudged)
+
+
+@dataclass(frozen=True)
+class LastGood:
+    """The newest identity a server served under one name, and how to build a context from it.
+
+    Attributes:
+        store: where the identity is kept.
+        recipe_for: the server's recipe, aimed at other paths.
+        name: the name it is kept under: :data:`DEFAULT` for the configured identity, an SNI
+            identity's name for that identity.
+    """
+
+    store: SharedStore
+    recipe_for: RecipeFor
+    name: str = DEFAULT
+
+    def remember(self, snapshot: Snapshot, leaf: Leaf | None = None) -> None:
+        """Keep ``snapshot`` as the newest served identity of :attr:`name`, ``leaf`` its validation's verdict."""
+        self.store.write(snapshot, self.name, leaf)
+
+    def judged(self, snapshot: Snapshot) -> Leaf | None:
+        """The leaf a validation found for exactly the bytes of ``snapshot``, when the store keeps one for
+        :attr:`name` (another process of the server validated them): no need to parse them again. When
+        the store does not, and a keeper looks after it (a spawn server's parent), the keeper is asked to
+        look first. ``None`` when nobody has found them valid. Blocking (up to :data:`ASK_WAIT`)."""
+        return self.verdict_for(snapshot)[0]
+
+    def verdict_for(self, snapshot: Snapshot) -> tuple[Leaf | None, bool]:
+        """:meth:`judged`, and whether a keeper looked at the files since they hold these bytes and kept no
+        verdict for them: it refused them (``(None, True)``). Blocking (up to :data:`ASK_WAIT`)."""
+        parts = (snapshot.cert, snapshot.key, snapshot.ca)
+        kept = self.store.verdict(self.name)
+        if kept is not None and kept[0] == parts:
+            return kept[1], False
+        if not self.store.ask(name=self.name):
+            return None, False
+        kept = self.store.verdict(self.name)
+        return (kept[1], False) if kept is not None and kept[0] == parts else (None, True)
+
+    def refusal(self, snapshot: Snapshot, password: Password) -> InvalidIdentity | None:
+        """The refusal validation found for exactly ``snapshot``'s bytes and ``password`` in another process of
+        the server (or this one), when the store keeps it for :attr:`name`: raise it rather than parse them again."""
+        if not self.store.refuses(self.name):  # the usual case: no digest of the bytes to work out
+            return None
+        return self.store.refusal(self.name, content_key(snapshot, password))
+
+    def judge(self, snapshot: Snapshot, password: Password, *, defer: bool = False) -> Leaf:
+        """The leaf of ``snapshot``: the verdict kept for exactly these bytes (:meth:`judged`), else the refusal
+        kept for them (:meth:`refusal`), else validation's (:func:`~tlsreload_plugins.validation.apart.judge`),
+        whose refusal is then kept for the server's other processes. With ``defer``, when that validation would
+        start a child, no keeper answered and an identity is kept for :attr:`name`, it is not run: a process
+        starting now serves what is kept at once. Blocking.
+
+        Raises:
+            InvalidIdentity: the bytes are not a usable identity (dates not judged); a
+                :class:`~tlsreload_plugins.examine.NotJudged` when deferred.
+        """
+        leaf, keeper_refused = self.verdict_for(snapshot)
+        if leaf is not None:
+            return leaf
+        refused = self.refusal(snapshot, password)
+        if refused is not None:
+            raise refused
+        if defer and not keeper_refused and apart() and self.store.read(self.name) is not None:
+            raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")
+        try:
+            return judge(snapshot, password)
+        except InvalidIdentity as e:
+            if shareable(e):
+                self.store.refuse(self.name, content_key(snapshot, password), e)
+            raise
+
+    def kept(self, snapshot: Snapshot) -> tuple[Parts, Leaf] | None:
+        """The bytes kept for :attr:`name` and their verdict when they are exactly ``snapshot``'s, without
+        asking a keeper (a caller judging thousands of identities asks nobody for each); else ``None``."""
+        parts = (snapshot.cert, snapshot.key, snapshot.ca)
+        leaf = self.store.verdicts_on({self.name: parts}).get(self.name)  # compared in place: equal to snapshot's
+        return None if leaf is None else (parts, leaf)
+
+    def recall_verdict(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf]:
+        """:meth:`recall` without building a context: the kept identity (carrying ``files``) and its leaf.
+
+        Raises:
+            InvalidIdentity: nothing is kept, or what is kept is no longer usable (expired, say).
+        """
+        parts = self.store.read(self.name)
+        if parts is None:
+            raise InvalidIdentity("no certificate was served by this server before")
+        snapshot = Snapshot(files, *parts)
+        leaf = self.judged(snapshot) or judge(snapshot, password)
+        try:
+            judge_period(leaf, files, datetime.fromtimestamp(now, timezone.utc))
+        except InvalidIdentity:
+            raise InvalidIdentity(
+                f"the last good certificate (serial {leaf.serial}) is outside its validity period "
+                f"({leaf.not_before.isoformat()} to {leaf.not_after.isoformat()})"
+            ) from None
+        return snapshot, leaf
+
+    def recall(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
+        """Validate the kept identity again, judge its dates at ``now``, and build a context from it.
+
+        The snapshot returned carries the configured ``files`` (its bytes are the kept ones), so a
+        reloader compares what is on disk with what it serves as usual.
+
+        Raises:
+            InvalidIdentity: nothing is kept, or what is kept is no longer usable (expired, say).
+        """
+        snapshot, leaf = self.recall_verdict(files, password, now)
+        with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
+            try:
+                context = self.recipe_for(paths)
+            except Exception as e:
+                raise InvalidIdentity(f"the last good certificate could not be loaded: {type(e).__name__}: {e}") from e
+        return snapshot, leaf, context
+
+
+def keep_newest_valid(
+    identities: Callable[[], Mapping[str, TLSFiles]], password: Password, store: SharedStore, interval: float
+) -> threading.Thread:
+    """Keep ``store`` holding the newest valid identity of each name ``identities()`` gives (the
+    configured identity under :data:`DEFAULT`, and every SNI identity found now), with the leaf
+    each validation found: checked at once, then every ``interval`` seconds and whenever a worker
+    :meth:`asks <SharedStore.ask>`, in a daemon thread; returns the thread. A name no longer given
+    is forgotten.
+
+    For the parent of a server that starts its workers with ``spawn`` (uvicorn's ``--workers``,
+    hypercorn's), before it starts them: they share the store, and take the verdicts found here
+    instead of having each new pair validated again for each of them. A thread is safe in such a
+    parent: its children start as fresh interpreters, not as a bare ``fork()`` of it. Where the store
+    cannot be shared with them (:func:`shared_with_spawned_processes`), one WARNING says so: each
+    worker then gets a copy of the store when it starts, and judges new content itself.
+    """
+    why_not = shared_with_spawned_processes()
+    if why_not is not None:
+        log.warning(
+            "workers get a copy of the last good certificate when they start, and validate new certificates "
+            "themselves: %s",
+            why_not,
+        )
+    keeper = store.keep()
+
+    # The content judged last, by name; not set for a pair refused for its dates only, which time changes.
+    seen: dict[str, str] = {}
+    tick = getattr(identities, "tick", None)  # sni_discovery.every_identity's: which changed since last time
+
+    def keep_all(asked: set[str] | None) -> None:
+        with keeper.one_pass():
+            try:
+                found, look = tick(interval) if callable(tick) else (dict(identities()), None)
+            except Exception:  # an SNI directory gone: the serving processes report it
+                found, look = {}, None
+            for name in [name for name in seen if name not in found]:
+                del seen[name]
+                store.forget(name)
+            if look is not None:  # those the kernel saw change, a slice of the others, those asked about, new ones
+                look = None if asked is None else look | asked | {name for name in found if name not in seen}
+            names = [name for name in found if look is None or name in look]
+            judged, valid = _keep_if_valid({name: found[name] for name in names}, password, seen)
+            seen.update(judged)
+            store.write_many(valid)  # one write of the table for all of them
+
+    def keep() -> None:
+        while True:
+            keep_all(keeper.wait(interval))
+
+    keep_all(None)  # before the server starts its first processes: each gets every verdict
+    thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)
+    thread.start()
+    return thread
+
+
+def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store: SharedStore) -> dict[str, str]:
+    """Validate every identity of ``identities`` (name: files) once, and keep the valid ones in ``store`` in one
+    write, and the refusals in another. For the parent of a server that forks its workers (gunicorn's arbiter),
+    before the first fork: each worker then takes these verdicts for the bytes it reads instead of parsing every
+    chain itself (10,000 identities: about 5 s of CPU once, rather than in every worker, each restart included).
+    Returns the identities refused, by name: why (the workers report them). Blocking; never raises.
+
+    Example: ``keep_all_valid(sni.discover(sni.resolve_directories(None), ca_certs), password, store)``.
+    """
+    read: dict[str, Snapshot | str] = {}  # the bytes, or why they could not be read
+    for name, files in identities.items():
+        try:
+            read[name] = read_files(files)
+        except Exception as e:  # InvalidIdentity, or what nobody foresaw: the workers judge it themselves
+            read[name] = str(e)
+    snapshots = {name: snapshot for name, snapshot in read.items() if isinstance(snapshot, Snapshot)}
+    verdicts = dict(zip(snapshots, validate_many([(s, password) for s in snapshots.values()]), strict=True))
+    valid: dict[str, tuple[Snapshot, Leaf | None]] = {}
+    refused: dict[str, str] = {}
+    shared: dict[str, tuple[str, InvalidIdentity]] = {}  # the workers take these rather than judge the bytes again
+    now = datetime.now(timezone.utc)
+    for name, snapshot in read.items():
+        verdict: Leaf | Exception | str = snapshot if isinstance(snapshot, str) else verdicts[name]
+        if isinstance(verdict, Leaf) and isinstance(snapshot, Snapshot):
+            try:
+                judge_period(verdict, snapshot.files, now)
+                valid[name] = (snapshot, verdict)
+                continue
+            except InvalidIdentity as e:
+                verdict = e
+        elif isinstance(verdict, InvalidIdentity) and isinstance(snapshot, Snapshot) and shareable(verdict):
+            shared[name] = (content_key(snapshot, password), verdict)
+        refused[name] = str(verdict)
+    store.write_many(valid)
+    store.refuse_many(shared)
+    return refused
+
+
+def _keep_if_valid(
+    identities: Mapping[str, TLSFiles], password: Password, seen: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, tuple[Snapshot, Leaf | None]]]:
+    """Of ``identities`` (name: files), the fingerprint of the content judged at each one's files (not given
+    when it must be judged again: unreadable, or refused for its dates), and the identities to keep: those
+    whose content is new (not the one ``seen`` gives the name) and valid. The new contents are validated in one
+    batch (:func:`~tlsreload_plugins.validation.apart.validate_many`: one child process, one per CPU for thousands)."""
+    judged: dict[str, str] = {}
+    new: dict[str, tuple[Snapshot, str]] = {}
+    for name, files in identities.items():
+        try:
+            snapshot = read_files(files)
+            current = fingerprint(snapshot)
+        except Exception:  # the serving processes report what is wrong; nothing is served here
+            continue
+        if current == seen.get(name):
+            judged[name] = current
+        else:
+            new[name] = (snapshot, current)
+    kept: dict[str, tuple[Snapshot, Leaf | None]] = {}
+    now = datetime.now(timezone.utc)
+    leaves = validate_many([(snapshot, password) for snapshot, _ in new.values()])
+    for (name, (snapshot, current)), leaf in zip(new.items(), leaves, strict=True):
+        if isinstance(leaf, InvalidIdentity):
+            judged[name] = current  # unusable content is not parsed again on every check
+            continue
+        try:
+            judge_period(leaf, snapshot.files, now)
+        except InvalidIdentity:
+            continue
+        judged[name] = current
+        kept[name] = (snapshot, leaf)
+        log.debug(
+            "processes started from now on get serial %s%s if the files are unusable then",
+            leaf.serial,
+            f" for SNI identity {name}" if name else "",
+        )
+    return judged, kept

@@ -1,0 +1,79 @@
+"""Paths that read as given bytes, in memory (:func:`in_memory_files`), and a context built through a server's
+recipe from the bytes of a snapshot (:func:`context_from`): how the last good identity, and an SNI identity
+built on its first handshake, are served from bytes rather than from the files on disk. (Importable from
+:mod:`tlsreload_plugins.lastgood.last_good` too, where they were first defined.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import ssl
+import tempfile
+from collections.abc import Callable, Iterator
+
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Snapshot, TLSFiles
+
+RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
+"""Builds the server's context exactly as it does from its configured files, but from ``files``."""
+
+
+@contextlib.contextmanager
+def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None) -> Iterator[TLSFiles]:
+    """Paths that read as ``cert``, ``key`` and ``ca`` for the ``with`` block, in memory where the
+    system allows it (memfd), else in a private directory removed at the end of the block."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fds: list[int] = []
+        try:
+
+            def path(name: str, data: bytes | None) -> str | None:
+                if data is None:
+                    return None
+                fd = os.memfd_create(f"tlsreload-{name}", getattr(os, "MFD_CLOEXEC", 1))
+                fds.append(fd)
+                os.write(fd, data)
+                return f"/proc/self/fd/{fd}"
+
+            yield TLSFiles(path("cert", cert) or "", path("key", key), path("ca", ca))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    directory = tempfile.mkdtemp(prefix="tlsreload-")  # 0700
+    try:
+
+        def write(name: str, data: bytes | None) -> str | None:
+            if data is None:
+                return None
+            target = os.path.join(directory, name)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return target
+
+        yield TLSFiles(write("cert.pem", cert) or "", write("key.pem", key), write("ca.pem", ca))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def context_from(snapshot: Snapshot, recipe_for: RecipeFor) -> ssl.SSLContext:
+    """A context built by ``recipe_for`` from the bytes of ``snapshot`` (already validated), through
+    :func:`in_memory_files`: exactly those bytes are served, whatever the files on disk hold by now.
+
+    Raises:
+        InvalidIdentity: the recipe refused them (the reason in the message, ``snapshot``'s files named).
+        TypeError: the recipe returned something that is not an :class:`ssl.SSLContext`.
+    """
+    with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
+        try:
+            context = recipe_for(paths)
+        except Exception as e:
+            raise InvalidIdentity(
+                f"the SSL context could not be built from {snapshot.files.describe()}: {type(e).__name__}: {e}",
+                path=snapshot.files.certfile,
+            ) from e
+    if not isinstance(context, ssl.SSLContext):
+        raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
+    return context

@@ -1,0 +1,384 @@
+"""The shared store: the newest identity each name of a server served, with the leaf its validation
+found, in memory every process of the server shares (:class:`SharedStore`).
+
+Two regions written alternately, each a table of identities by name (:func:`encode`,
+:func:`decode`), with the refusal validation found for the newest content of each name it refused
+(so that a process reading those bytes takes it rather than judging them again); writers take turns
+under a POSIX record lock; a spawn server's parent is the store's keeper (:class:`Keeper`,
+:mod:`tlsreload_plugins.lastgood.keeper`), which its workers ask to look at new content. On Linux the
+mapping is a memfd, passed to spawned workers as a file descriptor when the store is pickled for
+them (:mod:`tlsreload_plugins.lastgood.spawned`); elsewhere they get a copy. What is kept, and how a
+context is built from it, is :mod:`tlsreload_plugins.lastgood.last_good`'s. (These names are also importable
+from there, where they were first defined.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Snapshot
+from tlsreload_plugins.identity import Leaf
+
+# `X as X`: the keeper moved to store_keeper.py; imported back so `from .store import X` keeps working.
+from tlsreload_plugins.lastgood.keeper import _PASSES as _PASSES
+from tlsreload_plugins.lastgood.keeper import Keeper as Keeper
+
+# `X as X`: how a store reaches a spawned process moved to store_spawned.py; imported back so
+# `from .store import X` keeps working.
+from tlsreload_plugins.lastgood.spawned import _attached as _attached
+from tlsreload_plugins.lastgood.spawned import _copied as _copied
+from tlsreload_plugins.lastgood.spawned import _Descriptor as _Descriptor
+from tlsreload_plugins.lastgood.spawned import _for_process_being_started as _for_process_being_started
+from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes as shared_with_spawned_processes
+
+# `X as X`: the table's encoding moved to store_table.py; imported back so `from .store import X` keeps working.
+from tlsreload_plugins.lastgood.table import _COUNT as _COUNT
+from tlsreload_plugins.lastgood.table import _ENTRY as _ENTRY
+from tlsreload_plugins.lastgood.table import Kept as Kept
+from tlsreload_plugins.lastgood.table import Parts as Parts
+from tlsreload_plugins.lastgood.table import Refusal as Refusal
+from tlsreload_plugins.lastgood.table import _Index as _Index
+from tlsreload_plugins.lastgood.table import _leaf_bytes as _leaf_bytes
+from tlsreload_plugins.lastgood.table import _leaf_from as _leaf_from
+from tlsreload_plugins.lastgood.table import decode as decode
+from tlsreload_plugins.lastgood.table import encode as encode
+
+# The store's log lines keep the logger they were always written under.
+log = logging.getLogger("tlsreload_plugins.lastgood")
+
+T = TypeVar("T")
+
+DEFAULT = ""
+"""The name the configured identity (certfile and keyfile) is kept under. SNI identities are kept under
+their own names (their directories' names), which are never empty."""
+
+_HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the payload
+
+REGION_BYTES = 256 * 1024 * 1024
+"""Room for the table of kept identities in a :class:`SharedStore` (two such regions are mapped): the
+configured identity and tens of thousands of SNI identities (1.7 KiB each with an EC P-256 key and a
+one-certificate chain, about 6 KiB with RSA 2048 and an intermediate; a client-CA bundle shared by all of
+them is kept once). Address space only: the pages written are the only memory used."""
+
+_MAX_ASK = 512
+"""An ask naming an identity is at most this long (POSIX guarantees atomic pipe writes of 512 bytes)."""
+
+LOCK_WAIT = 2.0
+"""Seconds a write waits for another process's write to end before giving up (it logs why)."""
+
+ASK_WAIT = 3.0
+"""Seconds a worker waits for the keeper's verdict on new content (:meth:`SharedStore.ask`) before it
+judges the content itself. The keeper validates in a child process (:mod:`tlsreload_plugins.validation.apart`):
+0.2 to 0.3 s, more on a loaded machine."""
+
+
+def _named(name: str) -> str:
+    return f"SNI identity {name}" if name else "the server"
+
+
+class SharedStore:
+    """The newest identity each name of one server served, with the leaf its validation found, in
+    memory every process of the server shares.
+
+    Created in the parent before it starts its workers. Forked workers (gunicorn) share the mapping
+    they inherit. Spawned ones (uvicorn's ``--workers``, hypercorn) get the store with the
+    configuration the server pickles for them: on Linux the mapping is a memfd, passed to each child
+    as a file descriptor as the server's listening sockets are, so the parent and every child share
+    one table; elsewhere a child gets a copy of the table as it was when the child started.
+
+    It holds one table of identities, by name, in one of two regions written alternately, each with a
+    generation number and a digest of its payload: a writer killed halfway leaves a region whose
+    digest does not match, and readers take the other one (they validate what they read anyway).
+    Writers take turns through a POSIX record lock, which the kernel releases when its holder dies,
+    and never wait on it: they try again every millisecond, so a gevent hub is never blocked, and
+    give up after :data:`LOCK_WAIT` seconds.
+
+    A spawn server's parent keeps the table current (:func:`keep_newest_valid`); a worker that finds
+    new content on disk asks it to look (:meth:`ask`), and takes its verdict instead of parsing the content
+    itself, so the workers load no ``cryptography`` while the content on disk is valid.
+    """
+
+    def __init__(self, region_bytes: int = REGION_BYTES) -> None:
+        self._region = _HEADER.size + region_bytes
+        size = _PASSES.size + 2 * self._region
+        self._fd: int | None = None
+        if hasattr(os, "memfd_create"):
+            self._fd = self._lock_fd = os.memfd_create("tlsreload-last-good", getattr(os, "MFD_CLOEXEC", 1))
+            os.ftruncate(self._fd, size)
+            self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED)
+        else:
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_ANONYMOUS", 0x20))
+            with tempfile.TemporaryFile() as lock_file:  # holds nothing: only locked
+                self._lock_fd = os.dup(lock_file.fileno())
+        self._asks: int | None = None  # where a worker asks the keeper to look (a pipe's write end)
+        self._start_in_process()
+
+    def _start_in_process(self) -> None:
+        self._in_process = threading.Lock()  # POSIX record locks do not exclude threads of one process
+        # The newest intact region, its generation, and where each identity's contents lie in it.
+        self._cached: tuple[int, int, _Index | dict[str, Kept]] = (-1, 0, {})
+        self._full_logged: set[str] = set()
+
+    def __reduce__(self) -> tuple[Callable[..., SharedStore], tuple[object, ...]]:
+        passed = _for_process_being_started(self._fd, self._asks) if self._fd is not None else None
+        if passed is not None:
+            return _attached, (*passed, self._region - _HEADER.size)
+        return _copied, (encode(self._table()), self._region - _HEADER.size)
+
+    # -- the table ------------------------------------------------------------------------------
+
+    def _base(self, index: int) -> int:
+        return _PASSES.size + index * self._region
+
+    def _generation(self, index: int) -> int:
+        generation: int = _HEADER.unpack_from(self._map, self._base(index))[0]
+        return generation
+
+    def _current(self) -> tuple[int, int, _Index] | None:
+        """The newest intact region: its number, generation and index (``None`` when neither is intact)."""
+        region, known, table = self._cached
+        if isinstance(table, _Index) and self._generation(region) == known > self._generation(1 - region):
+            return region, known, table  # still the newest, and not being rewritten (that zeroes its generation)
+        for index in sorted((0, 1), key=self._generation, reverse=True):
+            base = self._base(index)
+            generation, length, digest = _HEADER.unpack_from(self._map, base)
+            if generation == 0 or length > self._region - _HEADER.size:
+                continue
+            region, known, table = self._cached
+            if (region, known) == (index, generation) and isinstance(table, _Index):
+                return index, generation, table  # a region is rewritten only under a new generation
+            start = base + _HEADER.size
+            with memoryview(self._map)[start : start + length] as payload:
+                intact = hashlib.sha256(payload).digest() == digest and self._generation(index) == generation
+                try:
+                    located = _Index.of(payload, start) if intact else None
+                except ValueError:
+                    located = None
+            if located is None:
+                continue  # torn, being rewritten as it was read, or not a table this version wrote
+            self._cached = (index, generation, located)
+            return index, generation, located
+        return None
+
+    def _kept(self, name: str) -> Kept | None:
+        """What is kept for ``name``: its contents copied out of the shared memory, not the whole table."""
+        return self._located(lambda located: located.contents(self._map, name))
+
+    def _located(self, read: Callable[[_Index], T | None]) -> T | None:
+        """What ``read`` finds in the newest intact region, read again when it was rewritten meanwhile."""
+        for _ in range(3):
+            current = self._current()
+            if current is None:
+                return None
+            region, generation, located = current
+            found = read(located)
+            if self._generation(region) == generation:
+                return found
+            self._cached = (-1, 0, {})  # rewritten while being read: look again
+        return None
+
+    def _table(self) -> dict[str, Kept]:
+        """The newest intact table, every identity decoded (empty when none is): for a write."""
+        return self._contents()[0]
+
+    def _contents(self) -> tuple[dict[str, Kept], dict[str, Refusal]]:
+        """:meth:`_table` and the refusals kept, from one region."""
+        current = self._current()
+        if current is None:
+            return {}, {}
+        region, generation, located = current
+        table = {name: kept for name in located.entries if (kept := located.contents(self._map, name)) is not None}
+        refusals = located.all_refusals(self._map)
+        return (table, refusals) if self._generation(region) == generation else self._contents()
+
+    def read(self, name: str = DEFAULT) -> Parts | None:
+        """The newest ``(cert, key, ca)`` kept for ``name``, or ``None``."""
+        kept = self._kept(name)
+        return None if kept is None else kept[0]
+
+    def verdict(self, name: str = DEFAULT) -> tuple[Parts, Leaf] | None:
+        """The identity kept for ``name`` with the leaf its validation found, or ``None``."""
+        kept = self._kept(name)
+        return None if kept is None or kept[1] is None else (kept[0], kept[1])
+
+    def verdicts_on(self, identities: Mapping[str, Parts]) -> dict[str, Leaf]:
+        """The leaf kept for each name of ``identities`` (name: its bytes) whose bytes are exactly those kept for it,
+        by name, found in one look at the table and compared in place (nothing copied out of the shared memory)."""
+
+        def read(located: _Index) -> dict[str, Leaf]:
+            held = {name: located.holds(self._map, name, parts) for name, parts in identities.items()}
+            return {name: leaf for name, (same, leaf) in held.items() if same and leaf is not None}
+
+        return self._located(read) or {}
+
+    def refusal(self, name: str, content: str) -> InvalidIdentity | None:
+        """The refusal validation found for the content named ``content`` (see :meth:`refuse`) of identity
+        ``name``, when it is the one kept for ``name``; else ``None``."""
+        found = self._located(lambda located: located.refusal(self._map, name))
+        return None if found is None or found[0] != content else InvalidIdentity(found[1], path=found[2])
+
+    def refuses(self, name: str) -> bool:
+        """Whether a refusal is kept for ``name`` (whatever content it is for): when not, a caller need not work
+        out which content it holds (:func:`~tlsreload_plugins.lastgood.last_good.content_key` hashes it)."""
+        return bool(self._located(lambda located: name in located.refusals))
+
+    def refuse(self, name: str, content: str, error: InvalidIdentity) -> None:
+        """Keep ``error``, validation's refusal of identity ``name``'s content ``content`` (a digest of its bytes
+        and key password: :func:`~tlsreload_plugins.lastgood.last_good.content_key`), in place of the one kept for
+        ``name`` before: the server's processes that read that content take it rather than judging it again.
+        Never a refusal for dates, which time changes. Never raises."""
+        self.refuse_many({name: (content, error)})
+
+    def refuse_many(self, refusals: Mapping[str, tuple[str, InvalidIdentity]]) -> None:
+        """:meth:`refuse` for each name of ``refusals`` (name: content, refusal), in one write. Never raises."""
+        changes = {
+            name: (content, str(error), error.path)
+            for name, (content, error) in refusals.items()
+            if self.refusal(name, content) is None
+        }
+        if changes:
+            what = f"the refusal of {_named(next(iter(changes)))}" if len(changes) == 1 else f"{len(changes)} refusals"
+            self._change(next(iter(changes)), lambda table, refused: refused.update(changes), what)
+
+    def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
+        """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
+        ``leaf`` its validation found. Never raises."""
+        self.write_many({name: (snapshot, leaf)})
+
+    def write_many(self, identities: Mapping[str, tuple[Snapshot, Leaf | None]]) -> bool:
+        """Keep each identity of ``identities`` (name: its snapshot and leaf) as :meth:`write` would, in one
+        write of the table: what a server's process finding thousands of identities at once does (a write
+        rewrites the whole table). Whether the store keeps them all now. Never raises."""
+        wanted = {name: ((s.cert, s.key, s.ca), leaf) for name, (s, leaf) in identities.items()}
+
+        def changed(located: _Index) -> dict[str, Kept]:  # in one look at the table, compared in place
+            held = {name: located.holds(self._map, name, parts) for name, (parts, _) in wanted.items()}
+            return {
+                name: (parts, leaf)
+                for name, (parts, leaf) in wanted.items()
+                if not held[name][0] or (leaf is not None and held[name][1] != leaf)
+            }
+
+        found = self._located(changed)
+        changes: dict[str, Kept] = dict(wanted) if found is None else found
+        if len(changes) == 1:
+            name, (parts, leaf) = next(iter(changes.items()))
+            return self._change(name, lambda table, refused: table.__setitem__(name, (parts, leaf)))
+        if changes:
+            what = f"the last good certificates of {len(changes)} identities"
+            return self._change(next(iter(changes)), lambda table, refused: table.update(changes), what)
+        return True
+
+    def forget(self, name: str) -> None:
+        """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
+        current = self._current()
+        if self.read(name) is not None or (current is not None and name in current[2].refusals):
+            self._change(name, lambda table, refused: (table.pop(name, None), refused.pop(name, None)))
+
+    def _change(
+        self, name: str, change: Callable[[dict[str, Kept], dict[str, Refusal]], object], what: str | None = None
+    ) -> bool:
+        """Apply ``change`` to the table and the refusals kept, and write them (one write); whether it did."""
+        what = what or f"the last good certificate of {_named(name)}"
+        with self._exclusive() as locked:
+            if not locked:
+                log.warning("%s is not kept: another process held the store", what)
+                return False
+            table, refusals = self._contents()
+            change(table, refusals)
+            payload = encode(table, refusals)
+            if len(payload) > self._region - _HEADER.size:
+                if name not in self._full_logged:
+                    self._full_logged.add(name)
+                    log.warning(
+                        "%s is not kept: the identities kept would take %d bytes, more than the %d kept in memory",
+                        what,
+                        len(payload),
+                        self._region - _HEADER.size,
+                    )
+                return False
+            generations = [self._generation(i) for i in (0, 1)]
+            index = 0 if generations[0] <= generations[1] else 1  # overwrite the older region
+            base = self._base(index)
+            _HEADER.pack_into(self._map, base, 0, len(payload), b"")  # invalid while being written
+            self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
+            generation = max(generations) + 1
+            _HEADER.pack_into(self._map, base, generation, len(payload), hashlib.sha256(payload).digest())
+            start = base + _HEADER.size
+            located = _Index.of(memoryview(payload), start)  # no need to hash it again
+            for kept_name, (_, leaf) in table.items():  # decoded already: processes forked from here take them too
+                if leaf is not None:
+                    located.leaves[located.entries[kept_name][3]] = leaf
+            self._cached = (index, generation, located)
+        return True
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        """Hold the store's write lock for the block (``True``), or ``False`` after :data:`LOCK_WAIT` seconds."""
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            if self._in_process.acquire(blocking=False):
+                try:
+                    fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # another process is writing
+                    self._in_process.release()
+                else:
+                    try:
+                        yield True
+                    finally:
+                        fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
+                        self._in_process.release()
+                    return
+            if time.monotonic() > deadline:
+                yield False
+                return
+            time.sleep(0.001)  # cooperative under gevent
+
+    # -- the keeper -----------------------------------------------------------------------------
+
+    def ask(self, wait: float = ASK_WAIT, name: str | None = None) -> bool:
+        """Have the keeper (:func:`keep_newest_valid`, in a spawn server's parent) look at the files
+        now (those of identity ``name`` at least; ``None``: every identity), and wait until it has:
+        ``True`` then; ``False`` at once when this store has no keeper (gunicorn's), or after ``wait``
+        seconds when the keeper does not answer. Blocking."""
+        if self._asks is None:
+            return False
+        begun = self._passes()[0]
+        label = name.encode() if name is not None else b"\0"
+        asked = label + b"\n" if len(label) < _MAX_ASK and b"\n" not in label else b"\0\n"  # \0: all of them
+        try:
+            os.write(self._asks, asked)  # at most PIPE_BUF bytes: written whole, never interleaved
+        except BlockingIOError:
+            pass  # the pipe is full of asks the keeper has yet to read: it will look
+        except OSError:
+            return False  # the keeper is gone
+        deadline = time.monotonic() + wait
+        while self._passes()[1] <= begun:  # until a pass that began after the ask has completed
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def _passes(self) -> tuple[int, int]:
+        begun, completed = _PASSES.unpack_from(self._map, 0)
+        return int(begun), int(completed)
+
+    def keep(self) -> Keeper:
+        """Make this process the store's keeper: the processes it starts from now on can :meth:`ask` it."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        os.set_blocking(write_end, False)  # shared with the children: a full pipe never blocks a worker
+        self._asks = write_end
+        return Keeper(self, read_end)

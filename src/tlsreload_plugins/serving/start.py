@@ -1,0 +1,350 @@
+"""What every server's glue does the same way, once: check at start, make the reloader, wait.
+
+A server's glue (:mod:`tlsreload_plugins.servers`) says only what is particular to it: how it is
+configured, where its context is built (its *recipe*) and its worker lifecycle. The rest is here:
+
+* :class:`Settings`: tlsreload's own settings, checked in one call (:meth:`Settings.check`).
+* :func:`check_at_start`: before a server binds or starts workers, decide as the first reload
+  would whether the files and settings can serve, and keep the identity in the last good store
+  (current for workers spawned later; every SNI identity judged once for workers forked later).
+* :func:`start_reloader`: the one place glue makes a :class:`~tlsreload_plugins.Reloader`: from
+  the files, else from the last good identity; a worker the server restarts while nothing valid
+  exists waits for usable files (:func:`wait_until_usable`, the package's one waiting loop)
+  instead of exiting, which would stop the whole server. Then it gets its SNI identities and
+  metrics (:func:`equip`).
+
+Everything that cannot serve raises :class:`CannotServe` with one sentence; the glue turns it
+into the server's own failed start (:func:`exit_if_cannot_serve`: an exit status, a halt). A
+server's worker processes: :mod:`tlsreload_plugins.serving.workers`; a server configured by an object:
+:mod:`tlsreload_plugins.serving.configured`; a drop-in command's options: :mod:`tlsreload_plugins.serving.options`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NoReturn, TypeVar
+
+from tlsreload_plugins import metrics
+from tlsreload_plugins.errors import ReloadError
+from tlsreload_plugins.files import Password, TLSFiles
+from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor, SharedStore, keep_all_valid, keep_newest_valid
+from tlsreload_plugins.reloader import Recipe, Reloader, load_identity
+from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval
+from tlsreload_plugins.sni import identities as sni
+
+__all__ = [
+    "BOOT_ATTEMPTS",
+    "RETRY_DELAY",
+    "CannotServe",
+    "Settings",
+    "Waiting",
+    "check_at_start",
+    "equip",
+    "exit_if_cannot_serve",
+    "retry_at_start",
+    "start_reloader",
+    "wait_until_usable",
+]
+
+log = logging.getLogger("tlsreload_plugins.serving")
+
+T = TypeVar("T")
+
+BOOT_ATTEMPTS = 3
+RETRY_DELAY = 0.5
+"""Unusable files at start are read BOOT_ATTEMPTS times, RETRY_DELAY seconds apart, before giving
+up: a process that starts in the middle of a rotation (certbot relinks its files one at a time) must
+not fail. A worker waiting for usable files reads them every RETRY_DELAY seconds too (independent of
+the interval, which may be longer than a server's worker timeout)."""
+
+POLL = 0.1
+"""Seconds between looks at a stop request while waiting (hypercorn's workers poll their shutdown event as often)."""
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
+
+class CannotServe(Exception):
+    """The files or settings cannot serve TLS; ``str()`` is the one line to show the operator."""
+
+
+@contextlib.contextmanager
+def exit_if_cannot_serve(stop: int | Callable[[], NoReturn]) -> Iterator[None]:
+    """Stop the server as it stops on a failed start when the block cannot serve TLS: one ERROR line (the
+    sentence of the :class:`CannotServe`; for a ``ValueError``, a bad setting, prefixed ``cannot serve TLS:``),
+    then ``stop``: the server's exit status (``sys.exit(stop)``), or its own way to stop (gunicorn's arbiter
+    halts, which exits too).
+
+    Raises:
+        SystemExit: in place of the ``CannotServe`` or ``ValueError``.
+
+    Example::
+
+        with exit_if_cannot_serve(STARTUP_FAILURE):
+            check_at_start(files, recipe, password, settings, store)
+    """
+    try:
+        yield
+    except (CannotServe, ValueError) as e:
+        log.error("%s", e if isinstance(e, CannotServe) else f"cannot serve TLS: {e}")
+        if callable(stop):
+            stop()
+        else:
+            sys.exit(stop)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """tlsreload's own settings for one server; ``None`` means "from the environment".
+
+    Attributes:
+        interval: seconds between checks (``$TLSRELOAD_INTERVAL``, else 1).
+        sni: directories of more identities chosen by server name (``$TLSRELOAD_SNI``).
+        metrics: export Prometheus metrics (``$TLSRELOAD_METRICS``, else off).
+    """
+
+    interval: float | None = None
+    sni: Sequence[str] | str | None = None
+    metrics: bool | None = None
+
+    def check(self, *, as_options: bool = False) -> None:
+        """Raise :class:`ValueError` naming the first setting (or environment variable) that is not usable.
+
+        ``as_options``: the settings are a drop-in command's ``--tls-*`` options
+        (:mod:`~tlsreload_plugins.serving.options`): a bad interval is named ``--tls-reload-interval``, as the
+        command's usage error (exit 2) names any other option.
+
+        Example (what :func:`~tlsreload_plugins.serving.options.argparse_settings` and ``click_settings`` do for a
+        drop-in command, the error becoming its usage error)::
+
+            Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics).check(as_options=True)
+        """
+        try:
+            resolve_interval(self.interval)
+        except ValueError as e:
+            if as_options and self.interval is not None:
+                raise ValueError(f"argument --tls-reload-interval: {e}") from e
+            raise
+        resolve_expiry_warning_days()
+        metrics.wanted(self.metrics)
+        sni.resolve_directories(self.sni)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """How a worker the server restarted waits for usable files, when it has nothing valid to serve.
+
+    Attributes:
+        leave: called when a stop request arrives before the files are usable (the server's way for a
+            worker to leave without having served: ``sys.exit(0)``, ``os._exit(0)``); must not return.
+        every: seconds between tries.
+        signals: signals that ask the worker to stop while it waits (noted by a flag only: a lock taken
+            in a signal handler may be the one the interrupted code holds).
+        stopped: another stop request to look at (hypercorn's shutdown event), polled every :data:`POLL`.
+        between: called before each wait (a gunicorn worker tells its arbiter it is alive).
+    """
+
+    leave: Callable[[], NoReturn]
+    every: float = RETRY_DELAY
+    signals: tuple[int, ...] = STOP_SIGNALS
+    stopped: Callable[[], bool] = field(default=lambda: False)
+    between: Callable[[], object] = field(default=lambda: None)
+
+
+def retry_at_start(attempt: Callable[[], T]) -> T:
+    """``attempt()``, tried :data:`BOOT_ATTEMPTS` times :data:`RETRY_DELAY` apart while it raises a
+    :class:`~tlsreload_plugins.ReloadError`; the last error passes through."""
+    for remaining in reversed(range(BOOT_ATTEMPTS)):
+        try:
+            return attempt()
+        except ReloadError:
+            if not remaining:
+                raise
+            time.sleep(RETRY_DELAY)
+    raise AssertionError("unreachable")
+
+
+def wait_until_usable(
+    attempt: Callable[[], T],
+    *,
+    every: float = RETRY_DELAY,
+    signals: tuple[int, ...] = STOP_SIGNALS,
+    stopped: Callable[[], bool] = lambda: False,
+    between: Callable[[], object] = lambda: None,
+) -> T | None:
+    """Try ``attempt`` every ``every`` seconds until it returns (its result), or until one of ``signals``
+    arrives or ``stopped()`` is true (``None``). A :class:`~tlsreload_plugins.ReloadError` from it means
+    "not yet". The signals' handlers are restored when ``attempt`` succeeds, and left noting stop requests
+    otherwise (the process is leaving; its server may send the signal again as it stops).
+
+    Example::
+
+        reloader = wait_until_usable(lambda: Reloader("tls.crt", "tls.key", recipe=build), every=0.5)
+        if reloader is None:
+            sys.exit(0)  # asked to stop before the files were usable
+    """
+    requested: list[int] = []
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():  # signal handlers can only be set there
+        previous = {sig: signal.signal(sig, lambda signum, frame: requested.append(signum)) for sig in signals}
+    next_try = time.monotonic() + every
+    while True:
+        between()
+        time.sleep(min(POLL, every))
+        if requested or stopped():
+            return None
+        if time.monotonic() < next_try:
+            continue
+        next_try = time.monotonic() + every
+        try:
+            result = attempt()
+        except ReloadError:
+            continue
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+        # A stop asked for while attempt() ran (it reads and validates: up to seconds under load) is still a stop:
+        # the server's parent asked once, and would wait forever for a worker that went on to serve. Asked after
+        # the handlers went back, it reaches the server's own.
+        return None if requested or stopped() else result
+
+
+def check_at_start(
+    files: TLSFiles,
+    recipe: Recipe,
+    password: Password,
+    settings: Settings,
+    store: SharedStore,
+    *,
+    forks: bool = False,
+    spawns: bool = False,
+) -> None:
+    """Decide, as the first reload would, whether ``files`` and ``settings`` can serve; keep the identity in
+    ``store`` for the workers. For a server's parent, before it binds or starts workers.
+
+    Args:
+        files, recipe, password, settings: as :func:`start_reloader`.
+        store: the server's last good store, which its workers get.
+        forks: the parent forks its workers (and runs no thread to keep ``store`` current): judge every SNI
+            identity here too, once, so that no worker parses them all again
+            (:func:`~tlsreload_plugins.lastgood.last_good.keep_all_valid`).
+        spawns: the parent starts workers, now or later (``--workers``, ``--reload``, SIGHUP), that get
+            ``store`` with their configuration: keep it holding the newest valid identity of ``files`` and of
+            every SNI identity, checked every interval in a thread
+            (:func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`), so that each worker takes its verdicts
+            instead of loading ``cryptography`` to parse the files itself.
+
+    Raises:
+        CannotServe: a setting or the files are not usable (after :data:`BOOT_ATTEMPTS` reads).
+
+    Example::
+
+        with exit_if_cannot_serve(STARTUP_FAILURE):
+            check_at_start(files, recipe, password, settings, store, spawns=workers > 1)
+    """
+    try:
+        settings.check()
+        snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, recipe, password))
+    except (ReloadError, ValueError) as e:  # ValueError: a bad setting
+        raise CannotServe(f"cannot serve TLS: {e}") from e
+    store.write(snapshot, leaf=leaf)
+    directories = sni.resolve_directories(settings.sni)
+    if forks and directories:
+        keep_all_valid(sni.discover(directories, files.ca_certs), password, store)
+    if spawns:
+        interval = resolve_interval(settings.interval)
+        keep_newest_valid(sni.every_identity(files, settings.sni), password, store, interval)
+
+
+def start_reloader(
+    files: TLSFiles,
+    recipe: Recipe,
+    recipe_for: RecipeFor,
+    *,
+    password: Password,
+    settings: Settings,
+    store: SharedStore | None = None,
+    waiting: Waiting | None = None,
+) -> Reloader:
+    """Make a serving process's reloader, with its SNI identities and metrics.
+
+    Args:
+        files: the configured certificate, key and client-CA files.
+        recipe: the server's own way to build its context from ``files``.
+        recipe_for: the same recipe aimed at other files (SNI identities, the last good identity).
+        password: the key's password (see :func:`~tlsreload_plugins.reloader.resolve_password`).
+        settings: tlsreload's settings.
+        store: the server's last good store: when the files are unusable, its identity is served.
+        waiting: given where the server restarts workers: with nothing valid in the files nor in a
+            non-empty ``store``, wait for usable files that way instead of failing.
+
+    Returns:
+        The reloader; hand ``reloader.context`` to the server and drive its checks.
+
+    Raises:
+        CannotServe: nothing can be served and this process may not wait (or a setting is bad).
+    """
+    last_good = LastGood(store, recipe_for) if store is not None else None
+
+    def attempt() -> Reloader:
+        return Reloader(
+            files.certfile,
+            files.keyfile,
+            recipe=recipe,
+            ca_certs=files.ca_certs,
+            password=password,
+            interval=settings.interval,
+            last_good=last_good,
+        )
+
+    try:
+        reloader = retry_at_start(attempt)
+    except ValueError as e:  # a bad interval or expiry setting
+        raise CannotServe(f"cannot serve TLS: {e}") from e
+    except ReloadError as e:
+        if waiting is None or store is None or store.read() is None:  # the server's very first start
+            raise CannotServe(f"cannot serve TLS: {e}") from e
+        reloader = _wait(attempt, e, waiting)
+    equip(reloader, settings, recipe_for, worker=waiting is not None)
+    return reloader
+
+
+def _wait(attempt: Callable[[], Reloader], error: ReloadError, waiting: Waiting) -> Reloader:
+    pid = os.getpid()
+    log.error("worker %s cannot load the TLS files and waits for usable ones before serving: %s", pid, error)
+    reloader = wait_until_usable(
+        attempt, every=waiting.every, signals=waiting.signals, stopped=waiting.stopped, between=waiting.between
+    )
+    if reloader is None:
+        log.info("worker %s stops without having served", pid)
+        waiting.leave()
+    log.info("worker %s: the TLS files are usable again; serving", pid)
+    return reloader
+
+
+def equip(reloader: Reloader, settings: Settings, recipe_for: RecipeFor, *, worker: bool = False) -> None:
+    """Give ``reloader`` its metrics (when wanted) and its SNI identities (when configured).
+
+    ``worker``: a process the server may restart, whose settings its parent already checked: an SNI
+    directory gone since then is logged (the process serves no SNI identities) rather than fatal.
+
+    Raises:
+        CannotServe: a bad ``$TLSRELOAD_METRICS``, or an SNI directory that does not exist.
+    """
+    try:
+        if metrics.wanted(settings.metrics):
+            metrics.observe(reloader)
+    except ValueError as e:
+        raise CannotServe(f"cannot serve TLS: {e}") from e
+    try:
+        sni.attach_from_settings(reloader, settings.sni, recipe_for)
+    except ValueError as e:
+        if not worker:
+            raise CannotServe(f"cannot serve TLS: {e}") from e
+        log.error("worker %s serves no SNI identities: %s", os.getpid(), e)

@@ -1,0 +1,372 @@
+"""Several certificates in one server, chosen by the server name a client asks for (SNI).
+
+Besides its default identity (the usual certfile and keyfile), a server can serve identities
+found in directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``). Each directory either
+*is* an identity, or holds identities as its immediate subdirectories:
+
+* a Kubernetes TLS Secret as mounted: ``tls.crt`` and ``tls.key`` (kubelet's ``..data`` links);
+* a certbot lineage: ``fullchain.pem`` and ``privkey.pem`` (``/etc/letsencrypt/live`` holds
+  one per domain, and a ``README`` that is skipped).
+
+Each identity is served by its own :class:`~tlsreload_plugins.Reloader`, built with the server's
+own recipe aimed at that identity's files, so every guarantee of the single identity holds for
+each of them: validated before use, the last good one kept (across the server's processes too:
+each is kept under its name in the default reloader's :mod:`~tlsreload_plugins.lastgood.last_good` store),
+no failed handshake during its rotation, no effect on the others. Their names (stable labels in
+logs, :meth:`SNIIdentities.status` and metrics) are the names of their directories.
+
+Which identity answers a handshake (the one whose served certificate lists the server name, an exact
+name before a wildcard; two dictionary reads, whatever the number of identities) is
+:mod:`tlsreload_plugins.sni.table`'s; finding the identities in the directories is
+:mod:`tlsreload_plugins.sni.discovery`'s.
+
+On every check of the default reloader (its driver's tick), the identities whose directories the
+kernel saw change are checked as the default's files are, and a slice of the others
+(:mod:`tlsreload_plugins.sni.tracker`: each is read in full at least every minute; every one on every
+tick where the kernel cannot report changes): identities added are served once their files are
+valid, identities removed (gone on two looks in a row) stop being served.
+
+Example (a server of your own; the adapters do this for you)::
+
+    default = Reloader("tls.crt", "tls.key", recipe=lambda: recipe_for(TLSFiles("tls.crt", "tls.key")))
+    identities = SNIIdentities.attach(default, ["/etc/letsencrypt/live"], recipe_for=recipe_for)
+    server = make_server(ssl_context=default.context)
+    with ThreadDriver(default):  # checks the default and every SNI identity
+        server.serve_forever()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Set
+from contextlib import AbstractContextManager
+from typing import Any, cast
+
+from tlsreload_plugins import metrics
+from tlsreload_plugins.drivers import gevent_offload
+from tlsreload_plugins.identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles
+from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor, SharedStore
+from tlsreload_plugins.reloader import Examined, Offload, Outcome, Reloader, Status, resolve_interval
+from tlsreload_plugins.sni.ahead import read_ahead
+
+# Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that
+# `from tlsreload_plugins.sni.identities import X` keeps working.
+from tlsreload_plugins.sni.discovery import _MARKERS as _MARKERS
+from tlsreload_plugins.sni.discovery import IDENTITY_FILES, SNI_ENV, _is_alive, discover, resolve_directories
+from tlsreload_plugins.sni.discovery import _discover as _discover
+from tlsreload_plugins.sni.discovery import every_identity as every_identity
+from tlsreload_plugins.sni.discovery import identity_files as identity_files
+from tlsreload_plugins.sni.served import ServedIdentities
+from tlsreload_plugins.sni.table import host_names as host_names
+from tlsreload_plugins.sni.tracker import ChangeTracker
+from tlsreload_plugins.validation import apart as validate_apart
+
+__all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
+
+log = logging.getLogger("tlsreload_plugins.sni")
+
+_attached: weakref.WeakKeyDictionary[Reloader, SNIIdentities] = weakref.WeakKeyDictionary()
+
+
+class SNIIdentities(ServedIdentities):
+    """The SNI identities of one server: one :class:`~tlsreload_plugins.Reloader` each, and the
+    table of server names that routes each handshake to one of them in constant time.
+
+    Most code uses :meth:`attach`. ``recipe_for(files)`` builds the server's context exactly as
+    it does from its configured files, but from ``files``; ``ca_certs`` (the client-CA bundle:
+    a connection moved onto an identity's context verifies client certificates against that
+    context's store), ``password`` (the key password), ``interval`` and ``expiry_warning_days``
+    are the default reloader's, shared by every identity. Identities whose files cannot be used
+    when first seen are not served (their names get the default identity), and are tried again
+    when their files change (and at least once a minute); with a ``store`` (the default reloader's
+    last good store, shared by the server's processes), such an identity is served from the last good
+    one any of the server's processes kept for its name, as the default identity is. ``export_metrics``
+    exports the identities' aggregate metrics, and each identity's own, labelled with its name, when there are at most
+    :data:`~tlsreload_plugins.metrics.PER_IDENTITY_UP_TO` or ``TLSRELOAD_METRICS=per-identity``
+    (:mod:`tlsreload_plugins.metrics`). Each identity's context is built by the first handshake that
+    names it (:mod:`tlsreload_plugins.sni.contexts`).
+    """
+
+    def __init__(
+        self,
+        directories: Iterable[str] | str | None,
+        *,
+        recipe_for: RecipeFor,
+        ca_certs: str | None = None,
+        password: Password = None,
+        interval: float | None = None,
+        expiry_warning_days: float | None = None,
+        store: SharedStore | None = None,
+        export_metrics: bool = False,
+    ) -> None:
+        super().__init__()  # what is served: sni_served
+        self.directories = resolve_directories(directories)
+        self.recipe_for = recipe_for
+        self.ca_certs = ca_certs
+        self.password = password
+        self.interval = interval
+        self.expiry_warning_days = expiry_warning_days
+        self.store = store
+        self.export_metrics = export_metrics
+        self._lock = threading.Lock()  # one scan at a time
+        self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs)
+        self._found: dict[str, TLSFiles] = {}  # what the tracker found last
+        self._count = 0  # how many identities it found (per-identity metrics below metrics.PER_IDENTITY_UP_TO)
+        self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
+        self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
+        self._read_ahead: dict[str, Snapshot] = {}  # the bytes of identities about to be added, read in one pass
+        self._kept_ahead: dict[str, Leaf] = {}  # of those, the ones the store keeps, with their verdict
+        self._starting = True  # the first look: one summary line, not a line per identity
+        self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
+        self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
+        self._missing: set[str] = set()
+        self._pending: dict[str, str] = {}
+        self._directories_missing: set[str] = set()
+        self._shadowed_logged: set[str] = set()
+        self.check(settle=False)
+        self._starting = False
+
+    @classmethod
+    def attach(
+        cls, default: Reloader, directories: Iterable[str] | str | None, *, recipe_for: RecipeFor
+    ) -> SNIIdentities:
+        """Serve the identities in ``directories`` (or ``$TLSRELOAD_SNI``) through ``default``'s
+        context: handshakes are routed on its ``sni_callback``, and every check of ``default``
+        (its driver's tick) checks them too. Returns the new :class:`SNIIdentities`, also found
+        later with :func:`for_reloader`. They share ``default``'s last good store
+        (:attr:`~tlsreload_plugins.Reloader.last_good`), and have metrics when ``default`` has them.
+
+        Raises:
+            ValueError: a directory does not exist.
+        """
+        identities = cls(
+            directories,
+            recipe_for=recipe_for,
+            ca_certs=default.files.ca_certs,
+            password=default.password,
+            interval=default.interval,
+            expiry_warning_days=default.expiry_warning_days,
+            store=default.last_good.store if default.last_good is not None else None,
+            export_metrics=metrics.observing(default),
+        )
+        default.set_route(identities.context_for)
+        default.add_callbacks(on_check=identities._on_default_check)
+        _attached[default] = identities
+        log.info(
+            "serving SNI identities from %s: %s", os.pathsep.join(identities.directories), identities.summary().line()
+        )
+        return identities
+
+    # -- the scan ------------------------------------------------------------------------------
+
+    def _on_default_check(self, outcome: Outcome, status: Status) -> None:
+        self.check()
+
+    def check(self, *, settle: bool = True) -> None:
+        """Check the identities whose files changed since the last check (the kernel says which: see
+        :mod:`tlsreload_plugins.sni.tracker`), a slice of the others, and new and removed ones; where the
+        kernel cannot say, every identity. Blocking (file I/O): drivers call it through the default
+        reloader's check, in their worker thread. Never raises for bad files."""
+        with self._lock:
+            offload = gevent_offload()
+            self._note_directories()
+            tick = self._tracker.tick(also=self._again)
+            found = tick.found
+            self._count = len(found)
+            for files in tick.shadowed:
+                if files.certfile not in self._shadowed_logged:
+                    self._shadowed_logged.add(files.certfile)
+                    log.warning(
+                        "SNI identity %s is not served: an identity of the same name was found first",
+                        os.path.dirname(files.certfile),
+                    )
+            wanted = tick.check | self._pending.keys() | self._missing
+            self._sweeping = tick.check - tick.dirty if not tick.everything else frozenset()
+            self._again = set()
+            with self._judged_ahead(tick.dirty if not tick.everything else frozenset(), found, wanted, offload):
+                current = self._identities
+                rebuild = False
+                if found is self._found and not self._missing:  # nobody added or removed: only those wanted
+                    added: dict[str, Reloader] = {}
+                    for name in wanted:
+                        known = current.get(name)
+                        if known is not None:
+                            rebuild |= self._check_one(name, known, settle, offload)
+                        elif name in found:
+                            fresh = self._add(name, found[name], settle)
+                            if fresh is not None:
+                                added[name] = fresh
+                    if added:  # in precedence order
+                        served = {**current, **added}
+                        self._identities = {name: served[name] for name in found if name in served}
+                        rebuild = True
+                else:
+                    rebuild = True
+                    self._identities = self._walk(found, wanted, settle, offload)
+            self._found = found
+            self._read_ahead.clear()
+            self._kept_ahead.clear()
+            if rebuild:
+                self._rebuild()
+            if self.export_metrics and (rebuild or self._reported != (len(self._identities), len(self._unserved))):
+                self._reported = (len(self._identities), len(self._unserved))
+                metrics.report_sni(self.summary())
+            if self._to_keep:
+                # One write for every identity found at once (start-up); then the store holds their bytes
+                # (shared by the server's processes) and the reloaders need no copy of their own.
+                if self.store is not None and self.store.write_many(self._to_keep):
+                    for name in self._to_keep:
+                        kept = self._identities.get(name)
+                        if kept is not None:
+                            kept.forget_bytes()
+                self._to_keep = {}
+
+    def _judged_ahead(
+        self, dirty: Set[str], found: dict[str, TLSFiles], wanted: Set[str], offload: Offload[Examined] | None
+    ) -> AbstractContextManager[None]:
+        """Read, ahead of this check, the bytes of the identities it adds, once (:mod:`tlsreload_plugins.sni.ahead`),
+        and validate in one batch (:mod:`tlsreload_plugins.validation.apart`: a child process per CPU) what the
+        check is about to validate one identity at a time: the identities it adds that the store has no verdict
+        nor refusal for and, of those the kernel reported changed, the ones whose files hold new content. Under
+        gevent, in its threadpool."""
+        run = cast("Callable[[Callable[[], Any]], Any] | None", offload) or (lambda work: work())
+        current = self._identities
+        adding = found.keys() - current.keys()
+        if found is self._found and not self._missing:  # nothing added or removed: only those wanted are added
+            adding &= wanted
+        apart = validate_apart.apart()
+
+        def gather() -> list[tuple[Snapshot, Password]]:
+            ahead = read_ahead(adding, found, self.ca_certs, self.password, self.store, self.recipe_for)
+            self._read_ahead, self._kept_ahead = ahead.read, ahead.kept  # not read nor looked up again by _add
+            changed = (current[name].new_content() for name in dirty & wanted if name in current and apart)
+            return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
+
+        items = run(gather) if adding or (dirty and apart) else []
+        return validate_apart.prejudged(items, run=run) if apart else contextlib.nullcontext()
+
+    def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
+        """Check one served identity; whether its leaf changed (the routing table may have to follow)."""
+        if name in self._sweeping:  # nothing reported by the kernel: a read and a hash, a full check if changed
+            outcome = reloader.sweep(offload=offload)
+        else:
+            outcome = reloader.check(settle=settle, offload=offload)
+        if outcome is not Outcome.UNCHANGED:
+            self._tracker.resolved(name)
+        if outcome is Outcome.PENDING:
+            self._again.add(name)
+        return outcome is Outcome.RELOADED
+
+    def _walk(
+        self, found: dict[str, TLSFiles], wanted: Set[str], settle: bool, offload: Offload[Examined] | None
+    ) -> dict[str, Reloader]:
+        """The identities to serve now that some were added or removed: every one found (in precedence
+        order), new ones added, those gone once kept until the next look confirms it."""
+        current = self._identities
+        served: dict[str, Reloader] = {}
+        for name, files in found.items():  # in precedence order
+            self._missing.discard(name)
+            known = current.get(name)
+            if known is None:
+                known = self._add(name, files, settle)
+            elif name in wanted:
+                self._check_one(name, known, settle, offload)
+            if known is not None:
+                served[name] = known
+        for name, reloader in current.items():
+            if name in found:
+                continue
+            if _is_alive(reloader.files):  # certbot relinking its files one at a time
+                self._missing.discard(name)
+                self._again.add(name)
+                reloader.check(settle=settle, offload=offload)
+            elif name not in self._missing:  # gone once: served until the next look confirms it
+                self._missing.add(name)
+            else:
+                self._missing.discard(name)
+                log.info("SNI identity %s removed: its names now get the default certificate", name)
+                if self.store is not None:
+                    self.store.forget(name)
+                self._contexts.forget(reloader)
+                continue
+            served[name] = reloader
+        for name in [*self._pending, *self._unserved]:
+            if name not in found:
+                self._pending.pop(name, None)
+                self._unserved.pop(name, None)
+        return served  # replaced, never mutated: status() may iterate the old one
+
+    def _note_directories(self) -> None:
+        for directory in self.directories:
+            exists = os.path.isdir(directory)
+            if not exists and directory not in self._directories_missing:
+                self._directories_missing.add(directory)
+                log.warning("SNI directory %s is gone: its identities are removed", directory)
+            elif exists and directory in self._directories_missing:
+                self._directories_missing.discard(directory)
+                log.info("SNI directory %s is back", directory)
+
+    def _add(self, name: str, found: TLSFiles, settle: bool) -> Reloader | None:
+        files = TLSFiles(found.certfile, found.keyfile, self.ca_certs)
+        try:
+            reloader = Reloader(
+                files.certfile,
+                files.keyfile,
+                recipe=functools.partial(self.recipe_for, files),
+                ca_certs=files.ca_certs,
+                password=self.password,
+                interval=self.interval,
+                expiry_warning_days=self.expiry_warning_days,
+                last_good=LastGood(self.store, self.recipe_for, name) if self.store is not None else None,
+                on_demand=self.recipe_for,
+                read=self._read_ahead.pop(name, None),
+                judged=self._kept_ahead.get(name),
+            )
+        except (InvalidIdentity, TypeError) as e:
+            reason = str(e)
+            if settle and self._pending.get(name) != reason:  # maybe caught while being written
+                self._pending[name] = reason
+                return None
+            self._pending.pop(name, None)
+            if self._unserved.get(name) != reason:
+                self._unserved[name] = reason
+                log.warning("SNI identity %s not served (its names get the default certificate): %s", name, reason)
+            return None
+        self._pending.pop(name, None)
+        self._unserved.pop(name, None)
+        if reloader.validated is not None and self._kept_ahead.pop(name, None) is not None:
+            reloader.forget_bytes()  # the store keeps exactly these bytes already: nothing to write
+        elif reloader.validated is not None:
+            self._to_keep[name] = (reloader.validated, reloader.leaf)
+        if self.export_metrics and (metrics.per_identity() or self._count <= metrics.PER_IDENTITY_UP_TO):
+            metrics.observe(reloader, identity=name)
+        if not self._starting:  # at start, one summary line for all of them
+            log.info("SNI identity %s: %s", name, reloader.describe())
+        return reloader
+
+
+def for_reloader(default: Reloader) -> SNIIdentities | None:
+    """The :class:`SNIIdentities` attached to ``default``, or ``None``.
+
+    For an adapter's reloader: ``for_reloader(tlsreload_plugins.uvicorn.reloaders()[0])``.
+    """
+    return _attached.get(default)
+
+
+def attach_from_settings(
+    default: Reloader, directories: Iterable[str] | str | None, recipe_for: RecipeFor
+) -> SNIIdentities | None:
+    """What the adapters call: attach the configured identities, if any (``$TLSRELOAD_SNI`` when
+    ``directories`` is ``None``); ``None`` when none is configured.
+
+    Raises:
+        ValueError: a configured directory does not exist.
+    """
+    if not resolve_directories(directories):
+        return None
+    return SNIIdentities.attach(default, directories, recipe_for=recipe_for)

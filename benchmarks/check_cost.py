@@ -29,7 +29,8 @@ from typing import Any
 import benchkit as kit
 
 from tlsreload_plugins import Outcome, Reloader
-from tlsreload_plugins.identity import read_files, validate
+from tlsreload_plugins.files import read_files
+from tlsreload_plugins.identity import validate
 
 UNCHANGED_TARGET_US = 50.0
 

@@ -51,7 +51,7 @@ def cpu(who: int) -> float:
 def child_cost(cert: Path, key: Path, count: int, runs: int) -> dict[str, float]:
     """Median wall time and CPU (child's, this process's) of validating ``count`` copies of the pair in one child."""
     os.environ["TLSRELOAD_VALIDATE"] = "process"
-    from tlsreload_plugins.identity import Snapshot, TLSFiles
+    from tlsreload_plugins.files import Snapshot, TLSFiles
     from tlsreload_plugins.validation import apart as validate_apart
 
     chain, secret = cert.read_bytes(), key.read_bytes()

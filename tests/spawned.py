@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tls_server import make_recipe
 from tlsreload_plugins import Outcome, Reloader, TLSFiles
-from tlsreload_plugins.lastgood.last_good import DEFAULT, LastGood, SharedStore
+from tlsreload_plugins.lastgood.last_good import LastGood
+from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
 
 
 def _recipe_for(files: TLSFiles) -> ssl.SSLContext:

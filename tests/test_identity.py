@@ -17,7 +17,8 @@ import trustme
 
 from tls_server import make_recipe
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
-from tlsreload_plugins.identity import fingerprint, read_files, validate
+from tlsreload_plugins.files import fingerprint, read_files
+from tlsreload_plugins.identity import validate
 from tlstest import PASSWORD, Pair, issue, obey_file_modes, with_password
 
 WRONG = "Tr0ub4dor"

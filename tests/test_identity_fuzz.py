@@ -36,16 +36,9 @@ from cryptography.x509.oid import ExtensionOID, NameOID
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
-from tlsreload_plugins.identity import (
-    InvalidIdentity,
-    Leaf,
-    Password,
-    Snapshot,
-    TLSFiles,
-    fingerprint,
-    read_files,
-    validate,
-)
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
+from tlsreload_plugins.identity import Leaf, validate
 from tlstest import PASSWORD, Pair, issue, with_password
 
 WRONG = "Tr0ub4dor"

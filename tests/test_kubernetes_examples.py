@@ -19,7 +19,7 @@ from gunicorn.config import KNOWN_SETTINGS, Config
 from uvicorn.main import main as uvicorn_command
 
 from tlsreload_plugins.cli import build_parser
-from tlsreload_plugins.reloader import resolve_expiry_warning_days, resolve_interval
+from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval
 from tlstest import HOST, KubeletLayout, client_context, free_port, issue, run_server, wait_for_serial, wait_until
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"

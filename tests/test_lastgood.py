@@ -23,16 +23,12 @@ import trustme
 from spawned import serve_and_reload
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
-from tlsreload_plugins.identity import Snapshot, validate
-from tlsreload_plugins.lastgood.last_good import (
-    _HEADER,
-    LastGood,
-    SharedStore,
-    decode,
-    encode,
-    in_memory_files,
-    keep_newest_valid,
-)
+from tlsreload_plugins.files import Snapshot
+from tlsreload_plugins.identity import validate
+from tlsreload_plugins.lastgood.last_good import LastGood, keep_newest_valid
+from tlsreload_plugins.lastgood.memory_files import in_memory_files
+from tlsreload_plugins.lastgood.store import _HEADER, SharedStore
+from tlsreload_plugins.lastgood.table import decode, encode
 from tlstest import KubeletLayout, Pair, client_context, issue, served_serial, wait_for_child, wait_until
 
 

@@ -18,10 +18,12 @@ import tlsreload_plugins.lastgood.last_good
 import tlsreload_plugins.reloader
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
-from tlsreload_plugins.identity import Snapshot, read_files, validate
-from tlsreload_plugins.lastgood.last_good import LastGood, SharedStore, content_key, keep_all_valid, shareable
+from tlsreload_plugins.files import Snapshot, read_files
+from tlsreload_plugins.identity import validate
+from tlsreload_plugins.lastgood.last_good import LastGood, content_key, keep_all_valid, shareable
+from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.lastgood.table import decode, decode_refusals, encode
-from tlsreload_plugins.validation.apart import Unjudged
+from tlsreload_plugins.validation.child import Unjudged
 from tlstest import client_context, issue, served_serial, wait_for_child
 
 

@@ -20,7 +20,8 @@ import tlsreload_plugins.reloader
 from hostile import HOSTILE
 from tls_server import make_recipe, serving
 from tlsreload_plugins import AsyncioDriver, NotServable, Outcome, Reloader
-from tlsreload_plugins.reloader import Settling, resolve_password
+from tlsreload_plugins.outcome import Settling
+from tlsreload_plugins.settings import resolve_password
 from tlstest import PASSWORD, Pair, client_context, issue, served_serial, wait_for_child, with_password
 
 RELOADED = "reloaded TLS certificate"

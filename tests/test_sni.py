@@ -19,8 +19,11 @@ import trustme
 
 from tls_server import make_recipe, serving
 from tlsreload_plugins import Reloader, SNIIdentities, ThreadDriver, TLSFiles, metrics
-from tlsreload_plugins.lastgood.last_good import LastGood, SharedStore
-from tlsreload_plugins.sni.identities import SNI_ENV, for_reloader, host_names, resolve_directories
+from tlsreload_plugins.lastgood.last_good import LastGood
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.sni.discovery import SNI_ENV, resolve_directories
+from tlsreload_plugins.sni.identities import for_reloader
+from tlsreload_plugins.sni.table import host_names
 from tlstest import HOST, CertbotLayout, KubeletLayout, Pair, client_context, issue, serial_of, wait_until
 
 INTERVAL = 0.2

@@ -22,7 +22,7 @@ import trustme
 from test_sni import recipe_for, sni_serial, sni_server, trusting, verifying
 from tls_server import serving
 from tlsreload_plugins import SNIIdentities
-from tlsreload_plugins.lastgood.last_good import SharedStore
+from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.sni.contexts import CONTEXTS
 from tlstest import KubeletLayout, Pair, free_port, issue, run_server, wait_until
 

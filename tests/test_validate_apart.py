@@ -18,9 +18,12 @@ import trustme
 
 from hostile import HOSTILE, place_good
 from tlsreload_plugins import SNIIdentities
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, read_files, validate
-from tlsreload_plugins.lastgood.last_good import SharedStore, keep_all_valid
-from tlsreload_plugins.sni.identities import discover
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Snapshot, TLSFiles, read_files
+from tlsreload_plugins.identity import Leaf, validate
+from tlsreload_plugins.lastgood.last_good import keep_all_valid
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.sni.discovery import discover
 from tlsreload_plugins.validation import apart as validate_apart
 from tlsreload_plugins.validation import child as validate_child
 from tlstest import issue, sni_tree, with_password

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import trustme
 
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, validate
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles
+from tlsreload_plugins.identity import Leaf, validate
 from tlsreload_plugins.validation import apart as validate_apart
 from tlsreload_plugins.validation import child as validate_child
 from tlsreload_plugins.validation import process as child_process

@@ -29,7 +29,8 @@ import pytest
 import trustme
 from cryptography.hazmat.primitives import serialization
 
-from tlsreload_plugins.watch.command import exit_status, parse_signal, rewrite_paths
+from tlsreload_plugins.watch.notify import exit_status
+from tlsreload_plugins.watch.options import parse_signal, rewrite_paths
 from tlstest import (
     HOST,
     LAYOUTS,

@@ -21,9 +21,12 @@ The adapters live in :mod:`tlsreload_plugins.gunicorn`, :mod:`tlsreload_plugins.
 """
 
 from tlsreload_plugins.drivers import AsyncioDriver, ThreadDriver
+from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
+from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.fresh import FreshContext, fresh_context
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, NotServable, ReloadError, TLSFiles
-from tlsreload_plugins.reloader import Outcome, Reloader, Status
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.outcome import Outcome, Status
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.sni.identities import SNIIdentities
 
 __all__ = [

@@ -21,9 +21,12 @@ from datetime import datetime, timezone
 
 from tlsreload_plugins import __version__
 from tlsreload_plugins.demo import run as demo
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, TLSFiles, password_file
-from tlsreload_plugins.reloader import PASSWORD_FILE_ENV, load_identity
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.examine import load_identity
+from tlsreload_plugins.files import TLSFiles, password_file
+from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.serving.configured import server_context
+from tlsreload_plugins.settings import PASSWORD_FILE_ENV
 from tlsreload_plugins.sni.discovery import discover, resolve_directories
 from tlsreload_plugins.sni.summary import summarize
 from tlsreload_plugins.watch import command as watch

@@ -15,8 +15,10 @@ import logging
 import ssl
 from collections.abc import Callable
 
+from tlsreload_plugins.errors import NotServable, ReloadError
 from tlsreload_plugins.examine import Examined
-from tlsreload_plugins.identity import Leaf, NotServable, ReloadError, Snapshot
+from tlsreload_plugins.files import Snapshot
+from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.outcome import Outcome, Settling, warn_expiry
 from tlsreload_plugins.served import Served
 

@@ -16,7 +16,10 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tlsreload_plugins.reloader import Examined, Offload, Outcome, Reloader
+from tlsreload_plugins.examine import Examined
+from tlsreload_plugins.outcome import Outcome
+from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.served import Offload
 
 if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio (about 2 MiB)
     import asyncio

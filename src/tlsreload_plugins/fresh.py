@@ -24,8 +24,9 @@ from tlsreload_plugins import identity
 from tlsreload_plugins import metrics as prometheus
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import TLSFiles
-from tlsreload_plugins.lastgood.last_good import RecipeFor
-from tlsreload_plugins.reloader import Reloader, Status
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.outcome import Status
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.settings import resolve_password
 from tlsreload_plugins.sni import identities as sni_identities

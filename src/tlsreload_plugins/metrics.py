@@ -42,8 +42,10 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from tlsreload_plugins.identity import Leaf, ReloadError
-from tlsreload_plugins.reloader import Outcome, Reloader, Status
+from tlsreload_plugins.errors import ReloadError
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.outcome import Outcome, Status
+from tlsreload_plugins.reloader import Reloader
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge

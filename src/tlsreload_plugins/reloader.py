@@ -26,6 +26,7 @@ from typing import Any
 from tlsreload_plugins import identity
 from tlsreload_plugins.conclude import _JUDGED_AT_FIRST_CHECK as _JUDGED_AT_FIRST_CHECK
 from tlsreload_plugins.conclude import Concluding
+from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 
 # `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.reloader import X` works.
 from tlsreload_plugins.examine import FIXED_SETTINGS as FIXED_SETTINGS
@@ -35,18 +36,10 @@ from tlsreload_plugins.examine import Recipe as Recipe
 from tlsreload_plugins.examine import build_context as build_context
 from tlsreload_plugins.examine import fixed_setting_changes as fixed_setting_changes
 from tlsreload_plugins.examine import load_identity as load_identity
-from tlsreload_plugins.identity import (
-    InvalidIdentity,
-    Leaf,
-    NotServable,
-    Password,
-    ReloadError,
-    Snapshot,
-    TLSFiles,
-    fingerprint,
-    read_files,
-)
-from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.lastgood.last_good import LastGood
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Outcome as Outcome
 from tlsreload_plugins.outcome import Settling as Settling
 from tlsreload_plugins.outcome import Status as Status

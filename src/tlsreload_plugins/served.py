@@ -17,8 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, Snapshot, TLSFiles, fingerprint
-from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor, bytes_served, context_from
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Snapshot, TLSFiles, fingerprint
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.lastgood.last_good import LastGood, bytes_served
+from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
 from tlsreload_plugins.outcome import Outcome, Status
 
 # Its log lines keep the logger they were always written under.

@@ -42,49 +42,33 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.examine import NotJudged, password_digest
-from tlsreload_plugins.identity import (
-    InvalidIdentity,
-    Leaf,
-    Password,
-    Snapshot,
-    TLSFiles,
-    fingerprint,
-    judge_period,
-    read_files,
-)
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
+from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.identity import (
     validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
 )
 from tlsreload_plugins.lastgood.memory_files import RecipeFor as RecipeFor
 from tlsreload_plugins.lastgood.memory_files import context_from as context_from
 from tlsreload_plugins.lastgood.memory_files import in_memory_files as in_memory_files
-
-# `X as X`: names that moved out of this module, imported back so `from ...last_good import X` works.
-from tlsreload_plugins.lastgood.store import _COUNT as _COUNT
-from tlsreload_plugins.lastgood.store import _ENTRY as _ENTRY
+from tlsreload_plugins.lastgood.spawned import (
+    shared_with_spawned_processes,
+)
 from tlsreload_plugins.lastgood.store import _HEADER as _HEADER
-from tlsreload_plugins.lastgood.store import _PASSES as _PASSES
 from tlsreload_plugins.lastgood.store import ASK_WAIT as ASK_WAIT
 from tlsreload_plugins.lastgood.store import DEFAULT as DEFAULT
 from tlsreload_plugins.lastgood.store import LOCK_WAIT as LOCK_WAIT
 from tlsreload_plugins.lastgood.store import REGION_BYTES as REGION_BYTES
-from tlsreload_plugins.lastgood.store import Keeper as Keeper
-from tlsreload_plugins.lastgood.store import Kept as Kept
-from tlsreload_plugins.lastgood.store import Parts as Parts
-from tlsreload_plugins.lastgood.store import Refusal as Refusal
 from tlsreload_plugins.lastgood.store import SharedStore as SharedStore
-from tlsreload_plugins.lastgood.store import _attached as _attached
-from tlsreload_plugins.lastgood.store import _copied as _copied
-from tlsreload_plugins.lastgood.store import _Descriptor as _Descriptor
-from tlsreload_plugins.lastgood.store import _for_process_being_started as _for_process_being_started
-from tlsreload_plugins.lastgood.store import _leaf_bytes as _leaf_bytes
-from tlsreload_plugins.lastgood.store import _leaf_from as _leaf_from
 from tlsreload_plugins.lastgood.store import _named as _named
-from tlsreload_plugins.lastgood.store import decode as decode
-from tlsreload_plugins.lastgood.store import encode as encode
-from tlsreload_plugins.lastgood.store import shared_with_spawned_processes as shared_with_spawned_processes
-from tlsreload_plugins.validation.apart import Unjudged, apart, judge, validate_many
+
+# `X as X`: names that moved out of this module, imported back so `from ...last_good import X` works.
+from tlsreload_plugins.lastgood.table import (
+    Parts,
+)
+from tlsreload_plugins.validation.apart import apart, judge, validate_many
+from tlsreload_plugins.validation.child import Unjudged
 
 log = logging.getLogger("tlsreload_plugins.lastgood")
 

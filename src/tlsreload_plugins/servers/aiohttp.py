@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from tlsreload_plugins.fresh import FreshContext, fresh_context, reloaders
-from tlsreload_plugins.lastgood.last_good import RecipeFor
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
 
 __all__ = ["prepare_gunicorn_worker_class", "reloaders", "reloading"]
 

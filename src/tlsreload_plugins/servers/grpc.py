@@ -32,10 +32,13 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
 
 from tlsreload_plugins import identity
 from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.examine import load_identity
 from tlsreload_plugins.files import Password, TLSFiles, password_bytes
-from tlsreload_plugins.lastgood.last_good import LastGood, SharedStore
-from tlsreload_plugins.lastgood.store import DEFAULT, Parts
-from tlsreload_plugins.reloader import Outcome, Reloader, Status, load_identity
+from tlsreload_plugins.lastgood.last_good import LastGood
+from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
+from tlsreload_plugins.lastgood.table import Parts
+from tlsreload_plugins.outcome import Outcome, Status
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.start import Settings, equip, retry_at_start
 from tlsreload_plugins.settings import resolve_password

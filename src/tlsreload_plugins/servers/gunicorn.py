@@ -22,15 +22,18 @@ import sys
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, cast
 
+from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
-from tlsreload_plugins.lastgood.last_good import RecipeFor, SharedStore
-from tlsreload_plugins.reloader import Recipe, Reloader, resolve_password
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving import logs as logs
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import glue_for, prepare_worker_class, running_here, serve_in_worker, stop_here
 from tlsreload_plugins.serving.workers import reloaders_here as reloaders
+from tlsreload_plugins.settings import resolve_password
 
 __all__ = ["add_reload", "reloaders", "worker_reloader"]
 

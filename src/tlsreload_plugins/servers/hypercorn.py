@@ -29,8 +29,8 @@ from typing import Any
 from hypercorn.config import Config
 
 from tlsreload_plugins.drivers import check_from_running_loop
-from tlsreload_plugins.identity import InvalidIdentity
-from tlsreload_plugins.lastgood.last_good import SharedStore
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.serving import logs as logs
 from tlsreload_plugins.serving.configured import check_config_at_start, start_from_config
 from tlsreload_plugins.serving.lifespan import register, reloaders

@@ -29,7 +29,7 @@ from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import FIXED_SETTINGS
 from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.lastgood.last_good import SharedStore
+from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving import logs as logs
 from tlsreload_plugins.serving.lifespan import register, reloaders

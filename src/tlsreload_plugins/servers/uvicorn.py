@@ -18,8 +18,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from tlsreload_plugins.lastgood.last_good import SharedStore
-from tlsreload_plugins.reloader import Recipe, Reloader
+from tlsreload_plugins.examine import Recipe
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving import lifespan as lifespan
 from tlsreload_plugins.serving import logs as logs
 from tlsreload_plugins.serving.configured import (

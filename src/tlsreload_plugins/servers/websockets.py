@@ -25,7 +25,7 @@ import ssl
 from collections.abc import AsyncIterator, Iterable
 
 from tlsreload_plugins.fresh import fresh_context, reloaders
-from tlsreload_plugins.lastgood.last_good import RecipeFor
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
 
 __all__ = ["reloaders", "reloading_ssl"]
 

@@ -25,9 +25,11 @@ import ssl
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles, password_text
-from tlsreload_plugins.lastgood.last_good import RecipeFor, SharedStore
-from tlsreload_plugins.reloader import Recipe, Reloader
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import CannotServe, Settings, Waiting, check_at_start, start_reloader
 from tlsreload_plugins.settings import resolve_password
 

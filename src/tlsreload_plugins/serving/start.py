@@ -34,9 +34,12 @@ from typing import NoReturn, TypeVar
 
 from tlsreload_plugins import metrics
 from tlsreload_plugins.errors import ReloadError
+from tlsreload_plugins.examine import Recipe, load_identity
 from tlsreload_plugins.files import Password, TLSFiles
-from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor, SharedStore, keep_all_valid, keep_newest_valid
-from tlsreload_plugins.reloader import Recipe, Reloader, load_identity
+from tlsreload_plugins.lastgood.last_good import LastGood, keep_all_valid, keep_newest_valid
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval
 from tlsreload_plugins.sni import identities as sni
 

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
-from tlsreload_plugins.lastgood.last_good import RecipeFor, SharedStore
-from tlsreload_plugins.reloader import Recipe, Reloader
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import RETRY_DELAY, CannotServe, Settings, Waiting, start_reloader
 from tlsreload_plugins.settings import resolve_password
 

@@ -11,8 +11,12 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, read_files
-from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor, SharedStore
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.lastgood.last_good import LastGood
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.lastgood.store import SharedStore
 
 
 @dataclass

@@ -49,9 +49,17 @@ from typing import Any, cast
 
 from tlsreload_plugins import metrics
 from tlsreload_plugins.drivers import gevent_offload
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles
-from tlsreload_plugins.lastgood.last_good import LastGood, RecipeFor, SharedStore
-from tlsreload_plugins.reloader import Examined, Offload, Outcome, Reloader, Status, resolve_interval
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.examine import Examined
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.lastgood.last_good import LastGood
+from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.outcome import Outcome, Status
+from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.served import Offload
+from tlsreload_plugins.settings import resolve_interval
 from tlsreload_plugins.sni.ahead import read_ahead
 
 # Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import ssl
 
-from tlsreload_plugins.reloader import Reloader, Status
+from tlsreload_plugins.outcome import Status
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.sni.contexts import ContextCache
 from tlsreload_plugins.sni.summary import Summary, summarize
 from tlsreload_plugins.sni.table import lookup, routing_table

@@ -37,7 +37,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, Password, Snapshot, password_bytes, validate
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Password, Snapshot, password_bytes
+from tlsreload_plugins.identity import Leaf, validate
 from tlsreload_plugins.validation.child import (
     ChildUnavailable,
     Unjudged,

@@ -39,7 +39,9 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, BinaryIO
 
-from tlsreload_plugins.identity import InvalidIdentity, Leaf, Password, Snapshot, TLSFiles, validate
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles
+from tlsreload_plugins.identity import Leaf, validate
 from tlsreload_plugins.validation import process as child_process
 
 __all__ = ["ITEM_WAIT", "START_WAIT", "ChildUnavailable", "Verdict", "serve", "unforeseen", "validate_in_child"]

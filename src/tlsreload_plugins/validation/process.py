@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tlsreload_plugins.identity import Password, Snapshot, password_bytes
+from tlsreload_plugins.files import Password, Snapshot, password_bytes
 
 __all__ = ["above_stdio", "ended", "frames", "inherited", "original", "select_flag", "widen"]
 

@@ -42,8 +42,10 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from tlsreload_plugins.identity import InvalidIdentity, Leaf
-from tlsreload_plugins.reloader import Outcome, Reloader
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.outcome import Outcome
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.watch.copies import Copies, copying_recipe, plain_context
 from tlsreload_plugins.watch.notify import (
     ENV_CA_CERTS,

@@ -15,7 +15,8 @@ import stat
 import tempfile
 from collections.abc import Callable
 
-from tlsreload_plugins.identity import InvalidIdentity, Password, Snapshot, TLSFiles, read_files
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
 from tlsreload_plugins.identity import (
     validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
 )

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tlsreload_plugins.identity import Password, TLSFiles, password_file
-from tlsreload_plugins.reloader import INTERVAL_ENV, resolve_interval
+from tlsreload_plugins.files import Password, TLSFiles, password_file
+from tlsreload_plugins.settings import INTERVAL_ENV, resolve_interval
 from tlsreload_plugins.watch.notify import ENV_CERTFILE, ENV_KEYFILE, ENV_SERIAL
 
 

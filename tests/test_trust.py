@@ -162,7 +162,12 @@ def trust(path: Path, ca: trustme.CA) -> None:
     os.replace(staged, path)
 
 
-EXTRA_KINDS = {"gunicorn tornado": server_kinds.gunicorn_kind("tornado")}
+EXTRA_KINDS = {
+    "gunicorn tornado": server_kinds.gunicorn_kind("tornado"),
+    "tlsreload-hypercorn trio": lambda port, layout, client_ca: server_kinds.args(
+        "tlsreload-hypercorn", port, layout, "--worker-class", "trio", client_ca=client_ca
+    ),
+}
 """Worker classes this test meets beyond the matrix's kinds (the hostile cases do not)."""
 
 

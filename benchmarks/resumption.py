@@ -169,8 +169,8 @@ def compare(
         kit.log(
             f"  {server} TLS {version} round {r + 1}/{rounds}: "
             + ", ".join(
-                f"{side} {w[-1]['rate']:.0f}/s ({_share(w[-1]['resumed'], w[-1]['ok']):.0%} resumed)"
-                for side, w in windows.items()
+                f"{name} {w[-1]['rate']:.0f}/s ({_share(w[-1]['resumed'], w[-1]['ok']):.0%} resumed)"
+                for name, w in zip(SIDE_NAMES, windows.values(), strict=True)
             )
         )
     rates = {side: [w["rate"] for w in ws] for side, ws in windows.items()}

@@ -1,30 +1,18 @@
-"""Several certificates in one server, chosen by the server name a client asks for (SNI).
+"""The SNI identities of one server: several certificates, chosen by the server name a client asks for.
 
-Besides its default identity (the usual certfile and keyfile), a server can serve identities
-found in directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``). Each directory either
-*is* an identity, or holds identities as its immediate subdirectories:
+Besides its default identity (the usual certfile and keyfile), a server serves the identities found in
+directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``; :mod:`tlsreload_plugins.sni.discovery`), each
+by its own :class:`~tlsreload_plugins.Reloader` built with the server's own recipe aimed at that identity's
+files, so every guarantee of the single identity holds for each of them: validated before use, the last good
+one kept (under its name in the default reloader's :mod:`~tlsreload_plugins.lastgood.last_good` store, shared
+by the server's processes), no failed handshake during its rotation, no effect on the others. Their names
+(stable labels in logs, :meth:`SNIIdentities.status` and metrics) are those of their directories.
 
-* a Kubernetes TLS Secret as mounted: ``tls.crt`` and ``tls.key`` (kubelet's ``..data`` links);
-* a certbot lineage: ``fullchain.pem`` and ``privkey.pem`` (``/etc/letsencrypt/live`` holds
-  one per domain, and a ``README`` that is skipped).
-
-Each identity is served by its own :class:`~tlsreload_plugins.Reloader`, built with the server's
-own recipe aimed at that identity's files, so every guarantee of the single identity holds for
-each of them: validated before use, the last good one kept (across the server's processes too:
-each is kept under its name in the default reloader's :mod:`~tlsreload_plugins.lastgood.last_good` store),
-no failed handshake during its rotation, no effect on the others. Their names (stable labels in
-logs, :meth:`SNIIdentities.status` and metrics) are the names of their directories.
-
-Which identity answers a handshake (the one whose served certificate lists the server name, an exact
-name before a wildcard; two dictionary reads, whatever the number of identities) is
-:mod:`tlsreload_plugins.sni.table`'s; finding the identities in the directories is
-:mod:`tlsreload_plugins.sni.discovery`'s.
-
-On every check of the default reloader (its driver's tick), the identities whose directories the
-kernel saw change are checked as the default's files are, and a slice of the others
-(:mod:`tlsreload_plugins.sni.tracker`: each is read in full at least every minute; every one on every
-tick where the kernel cannot report changes): identities added are served once their files are
-valid, identities removed (gone on two looks in a row) stop being served.
+Every check of the default reloader (its driver's tick) checks the identities the change tracker names
+(:mod:`tlsreload_plugins.sni.tracker`: those the kernel saw change, and a slice of the others): identities
+added are served once their files are valid, identities removed (gone on two looks in a row) stop being
+served. Which identity answers a handshake is :mod:`tlsreload_plugins.sni.table`'s; its context is built by
+the first handshake that names it (:mod:`tlsreload_plugins.sni.contexts`).
 
 Example (a server of your own; the adapters do this for you)::
 

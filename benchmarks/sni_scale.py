@@ -225,7 +225,7 @@ ARBITER_KEEPS = """
 def on_starting(server):
     # What serving.check_at_start would do with one more call: the arbiter validates every SNI identity once,
     # before the first fork, and keeps them in the store its workers share.
-    from tlsreload_plugins.sni import identities as sni
+    from tlsreload_plugins.sni import discovery as sni
     from tlsreload_plugins.lastgood.last_good import keep_all_valid
     from tlsreload_plugins.servers import gunicorn
 

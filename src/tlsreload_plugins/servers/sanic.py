@@ -36,7 +36,7 @@ from tlsreload_plugins.serving.lifespan import register, reloaders
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve, start_reloader
 from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password
-from tlsreload_plugins.sni import identities as sni
+from tlsreload_plugins.sni.discovery import resolve_directories
 
 __all__ = ["STARTUP_FAILURE", "STORES", "ReloadingCertLoader", "reload_certificates", "reloaders"]
 
@@ -177,7 +177,7 @@ def _entry(sanic: Entry) -> Entry:
 
 
 def _refuse_sni_beside_a_list(settings: Settings, several: bool) -> None:
-    directories = sni.resolve_directories(settings.sni) if several else []  # ValueError: a bad setting
+    directories = resolve_directories(settings.sni) if several else []  # ValueError: a bad setting
     if directories:  # SNI routing is the reloader's own context's, which a list of certificates never serves
         raise CannotServe(f"cannot serve TLS: put the identities of {', '.join(directories)} in Sanic's list instead")
 

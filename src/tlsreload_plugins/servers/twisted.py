@@ -46,6 +46,7 @@ from tlsreload_plugins.serving.lifespan import register, reloaders
 from tlsreload_plugins.serving.start import CannotServe, Settings, start_reloader
 from tlsreload_plugins.settings import resolve_password
 from tlsreload_plugins.sni import identities as sni
+from tlsreload_plugins.sni.discovery import resolve_directories
 
 __all__ = ["EXTRA_KEYWORDS", "NewestContext", "reloaders", "reloading_endpoint"]
 
@@ -205,7 +206,7 @@ def reloading_endpoint(reactor: Any, *args: str, **kwargs: str) -> Any:
     password = resolve_password(password_file(ours["keyPasswordFile"]) if ours.get("keyPasswordFile") else None)
     _route_logs()
     default: list[Reloader] = []  # filled below: the router reads it on each handshake
-    router = _sni_router(default) if sni.resolve_directories(settings.sni) else None
+    router = _sni_router(default) if resolve_directories(settings.sni) else None
     recipe_for = _recipe_for(tls, str(port), password, own_chain=True)
     recipe = _recipe_for(tls, str(port), password, router)
     try:

@@ -42,6 +42,8 @@ from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval
 from tlsreload_plugins.sni import identities as sni
+from tlsreload_plugins.sni.discovery import discover, resolve_directories
+from tlsreload_plugins.sni.tracker import every_identity
 
 __all__ = [
     "BOOT_ATTEMPTS",
@@ -137,7 +139,7 @@ class Settings:
             raise
         resolve_expiry_warning_days()
         metrics.wanted(self.metrics)
-        sni.resolve_directories(self.sni)
+        resolve_directories(self.sni)
 
 
 @dataclass(frozen=True)
@@ -257,12 +259,12 @@ def check_at_start(
     except (ReloadError, ValueError) as e:  # ValueError: a bad setting
         raise CannotServe(f"cannot serve TLS: {e}") from e
     store.write(snapshot, leaf=leaf)
-    directories = sni.resolve_directories(settings.sni)
+    directories = resolve_directories(settings.sni)
     if forks and directories:
-        keep_all_valid(sni.discover(directories, files.ca_certs), password, store)
+        keep_all_valid(discover(directories, files.ca_certs), password, store)
     if spawns:
         interval = resolve_interval(settings.interval)
-        keep_newest_valid(sni.every_identity(files, settings.sni), password, store, interval)
+        keep_newest_valid(every_identity(files, settings.sni), password, store, interval)
 
 
 def start_reloader(

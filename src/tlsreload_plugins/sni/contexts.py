@@ -1,14 +1,14 @@
 """The SNI identities' contexts, built on the first handshake that names an identity and kept for the
 identities asked for most recently, at most :data:`CONTEXTS` of them.
 
-An :class:`ssl.SSLContext` with its certificate and key loaded costs about 25 KiB and a few milliseconds
-to build: 10,000 identities built up front cost 250 MiB and half a minute in every worker, although most
-are asked for rarely or never. An identity's files are validated (``cryptography``) when it is found and
-on every change; its context is built (OpenSSL, the server's own recipe, from the bytes validated) only
-when a handshake names it, inside the ClientHello callback. A second handshake naming it meanwhile waits
-for that build (:attr:`Reloader.newest_context <tlsreload_plugins.Reloader.newest_context>`): it never
-gets another identity's certificate. Memory stays flat however many names clients ask for: the contexts
-of the identities asked for least recently are dropped, and built again when asked for.
+A context with its certificate and key loaded takes memory and time to build, in every worker, and most
+identities are asked for rarely or never (docs/sni.md has the figures). An identity's files are validated
+(``cryptography``) when it is found and on every change; its context is built (OpenSSL, the server's own
+recipe, from the bytes validated) only when a handshake names it, inside the ClientHello callback. A second
+handshake naming it meanwhile waits for that build (:attr:`Reloader.newest_context
+<tlsreload_plugins.Reloader.newest_context>`): it never gets another identity's certificate. Memory stays
+flat however many names clients ask for: the contexts of the identities asked for least recently are
+dropped, and built again when asked for.
 
 A context OpenSSL refuses to build from content ``cryptography`` accepted (a key weaker than the
 server's security level allows, say) leaves that identity's names to the default identity, with one
@@ -29,7 +29,7 @@ from tlsreload_plugins.reloader import Reloader
 log = logging.getLogger("tlsreload_plugins.sni")
 
 CONTEXTS = 1000
-"""Contexts kept at most (about 25 KiB each): those of the identities handshakes named most recently."""
+"""Contexts kept at most: those of the identities handshakes named most recently."""
 
 
 class ContextCache:

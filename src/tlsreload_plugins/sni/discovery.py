@@ -4,22 +4,15 @@ subdirectories) hold an identity, and by what name each is served.
 A directory is an identity when it holds one of :data:`IDENTITY_FILES` (a Kubernetes TLS Secret, a
 certbot lineage); otherwise its immediate subdirectories are looked at. No certificate is read
 here: serving the identities found is :mod:`tlsreload_plugins.sni.identities`'s. A server's parent process
-uses :func:`every_identity` to keep the last good of each (:mod:`tlsreload_plugins.lastgood.last_good`).
-(These names are also importable from :mod:`tlsreload_plugins.sni.identities`, where they were first defined.)
+keeps the last good of each through :func:`tlsreload_plugins.sni.tracker.every_identity`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
 
 from tlsreload_plugins.files import TLSFiles
-from tlsreload_plugins.lastgood.store import DEFAULT
-
-if TYPE_CHECKING:
-    from tlsreload_plugins.sni.tracker import ChangeTracker
 
 SNI_ENV = "TLSRELOAD_SNI"
 """Directories of SNI identities, separated by ``os.pathsep`` (``:`` on Unix)."""
@@ -60,7 +53,9 @@ def identity_files(directory: str) -> TLSFiles | None:
     return None
 
 
-def _is_alive(files: TLSFiles) -> bool:
+def is_alive(files: TLSFiles) -> bool:
+    """Whether the directory of the identity ``files`` still holds any file an identity is made of: one
+    missing from a listing while certbot relinks its files one at a time is not gone."""
     directory = os.path.dirname(files.certfile)
     try:
         return not _MARKERS.isdisjoint(os.listdir(directory))
@@ -68,7 +63,7 @@ def _is_alive(files: TLSFiles) -> bool:
         return False
 
 
-def _is_dir(entry: os.DirEntry[str]) -> bool:
+def is_directory(entry: os.DirEntry[str]) -> bool:
     """``os.path.isdir(entry.path)``, from the listing where it can (a link is still followed)."""
     try:
         return entry.is_dir()
@@ -76,7 +71,7 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLSFiles]]:
+def identities_found(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLSFiles]]:
     """Every identity in ``directories``, by name, in precedence order, and those left out because
     an identity found before has the same name."""
     found: dict[str, TLSFiles] = {}
@@ -97,7 +92,7 @@ def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLS
         except OSError:
             continue
         for entry in entries:
-            if entry.name.startswith(".") or not _is_dir(entry):  # kubelet's ..data, ..2026_...
+            if entry.name.startswith(".") or not is_directory(entry):  # kubelet's ..data, ..2026_...
                 continue
             files = identity_files(entry.path)
             if files is not None:
@@ -107,44 +102,6 @@ def _discover(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], list[TLS
 
 def discover(directories: Sequence[str], ca_certs: str | None = None) -> dict[str, TLSFiles]:
     """Every identity in ``directories`` now, by name, each with the server's client-CA bundle
-    ``ca_certs``: the identities an :class:`SNIIdentities` over them would serve."""
-    found, _ = _discover(directories)
+    ``ca_certs``: the identities an :class:`~tlsreload_plugins.sni.SNIIdentities` over them would serve."""
+    found, _ = identities_found(directories)
     return {name: TLSFiles(files.certfile, files.keyfile, ca_certs) for name, files in found.items()}
-
-
-def every_identity(files: TLSFiles, directories: Iterable[str] | str | None) -> Callable[[], dict[str, TLSFiles]]:
-    """A function giving the configured identity (under :data:`~tlsreload_plugins.lastgood.last_good.DEFAULT`)
-    and every SNI identity in ``directories`` found when it is called: what a server's parent process
-    keeps the last good of (:func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`). Its ``tick(interval)``
-    gives the same and the names to look at now: those whose files the kernel saw change, and a slice of
-    the others (:class:`~tlsreload_plugins.sni.tracker.ChangeTracker`; ``None``: every one).
-
-    Raises:
-        ValueError: a directory does not exist (now; one removed later gives no SNI identity).
-    """
-    return _EveryIdentity(files, resolve_directories(directories))
-
-
-@dataclass
-class _EveryIdentity:
-    files: TLSFiles
-    directories: list[str]
-    _tracker: ChangeTracker | None = None
-    _found: tuple[object, dict[str, TLSFiles]] = (None, {})  # the tracker's last found, and what it gave
-
-    def __call__(self) -> dict[str, TLSFiles]:
-        return {DEFAULT: self.files, **discover(self.directories, self.files.ca_certs)}
-
-    def tick(self, interval: float) -> tuple[dict[str, TLSFiles], set[str] | None]:
-        from tlsreload_plugins.sni.tracker import ChangeTracker  # here: sni_watch builds on this module
-
-        if self._tracker is None:
-            self._tracker = ChangeTracker(self.directories, interval, self.files.ca_certs)
-        self._tracker.interval = interval
-        tick = self._tracker.tick()
-        if tick.found is not self._found[0]:  # something added, removed or changed its files
-            ca = self.files.ca_certs
-            named = {name: TLSFiles(f.certfile, f.keyfile, ca) for name, f in tick.found.items()}
-            self._found = (tick.found, {DEFAULT: self.files, **named})
-        look = None if tick.everything else {DEFAULT, *tick.check}
-        return self._found[1], look

@@ -1,30 +1,18 @@
-"""Several certificates in one server, chosen by the server name a client asks for (SNI).
+"""The SNI identities of one server: several certificates, chosen by the server name a client asks for.
 
-Besides its default identity (the usual certfile and keyfile), a server can serve identities
-found in directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``). Each directory either
-*is* an identity, or holds identities as its immediate subdirectories:
+Besides its default identity (the usual certfile and keyfile), a server serves the identities found in
+directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``; :mod:`tlsreload_plugins.sni.discovery`), each
+by its own :class:`~tlsreload_plugins.Reloader` built with the server's own recipe aimed at that identity's
+files, so every guarantee of the single identity holds for each of them: validated before use, the last good
+one kept (under its name in the default reloader's :mod:`~tlsreload_plugins.lastgood.last_good` store, shared
+by the server's processes), no failed handshake during its rotation, no effect on the others. Their names
+(stable labels in logs, :meth:`SNIIdentities.status` and metrics) are those of their directories.
 
-* a Kubernetes TLS Secret as mounted: ``tls.crt`` and ``tls.key`` (kubelet's ``..data`` links);
-* a certbot lineage: ``fullchain.pem`` and ``privkey.pem`` (``/etc/letsencrypt/live`` holds
-  one per domain, and a ``README`` that is skipped).
-
-Each identity is served by its own :class:`~tlsreload_plugins.Reloader`, built with the server's
-own recipe aimed at that identity's files, so every guarantee of the single identity holds for
-each of them: validated before use, the last good one kept (across the server's processes too:
-each is kept under its name in the default reloader's :mod:`~tlsreload_plugins.lastgood.last_good` store),
-no failed handshake during its rotation, no effect on the others. Their names (stable labels in
-logs, :meth:`SNIIdentities.status` and metrics) are the names of their directories.
-
-Which identity answers a handshake (the one whose served certificate lists the server name, an exact
-name before a wildcard; two dictionary reads, whatever the number of identities) is
-:mod:`tlsreload_plugins.sni.table`'s; finding the identities in the directories is
-:mod:`tlsreload_plugins.sni.discovery`'s.
-
-On every check of the default reloader (its driver's tick), the identities whose directories the
-kernel saw change are checked as the default's files are, and a slice of the others
-(:mod:`tlsreload_plugins.sni.tracker`: each is read in full at least every minute; every one on every
-tick where the kernel cannot report changes): identities added are served once their files are
-valid, identities removed (gone on two looks in a row) stop being served.
+Every check of the default reloader (its driver's tick) checks the identities the change tracker names
+(:mod:`tlsreload_plugins.sni.tracker`: those the kernel saw change, and a slice of the others): identities
+added are served once their files are valid, identities removed (gone on two looks in a row) stop being
+served. Which identity answers a handshake is :mod:`tlsreload_plugins.sni.table`'s; its context is built by
+the first handshake that names it (:mod:`tlsreload_plugins.sni.contexts`).
 
 Example (a server of your own; the adapters do this for you)::
 
@@ -41,6 +29,7 @@ import contextlib
 import functools
 import logging
 import os
+import ssl
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Set
@@ -61,27 +50,21 @@ from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.served import Offload
 from tlsreload_plugins.settings import resolve_interval
 from tlsreload_plugins.sni.ahead import read_ahead
-
-# Discovery moved to sni_discovery.py; its names are imported back (through __all__, or `X as X`) so that
-# `from tlsreload_plugins.sni.identities import X` keeps working.
-from tlsreload_plugins.sni.discovery import _MARKERS as _MARKERS
-from tlsreload_plugins.sni.discovery import IDENTITY_FILES, SNI_ENV, _is_alive, discover, resolve_directories
-from tlsreload_plugins.sni.discovery import _discover as _discover
-from tlsreload_plugins.sni.discovery import every_identity as every_identity
-from tlsreload_plugins.sni.discovery import identity_files as identity_files
-from tlsreload_plugins.sni.served import ServedIdentities
-from tlsreload_plugins.sni.table import host_names as host_names
+from tlsreload_plugins.sni.contexts import ContextCache
+from tlsreload_plugins.sni.discovery import is_alive, resolve_directories
+from tlsreload_plugins.sni.summary import Summary, summarize
+from tlsreload_plugins.sni.table import lookup, routing_table
 from tlsreload_plugins.sni.tracker import ChangeTracker
 from tlsreload_plugins.validation import apart as validate_apart
 
-__all__ = ["IDENTITY_FILES", "SNI_ENV", "SNIIdentities", "discover", "for_reloader", "resolve_directories"]
+__all__ = ["SNIIdentities", "attach_from_settings", "for_reloader"]
 
 log = logging.getLogger("tlsreload_plugins.sni")
 
 _attached: weakref.WeakKeyDictionary[Reloader, SNIIdentities] = weakref.WeakKeyDictionary()
 
 
-class SNIIdentities(ServedIdentities):
+class SNIIdentities:
     """The SNI identities of one server: one :class:`~tlsreload_plugins.Reloader` each, and the
     table of server names that routes each handshake to one of them in constant time.
 
@@ -112,7 +95,6 @@ class SNIIdentities(ServedIdentities):
         store: SharedStore | None = None,
         export_metrics: bool = False,
     ) -> None:
-        super().__init__()  # what is served: sni_served
         self.directories = resolve_directories(directories)
         self.recipe_for = recipe_for
         self.ca_certs = ca_certs
@@ -136,6 +118,12 @@ class SNIIdentities(ServedIdentities):
         self._pending: dict[str, str] = {}
         self._directories_missing: set[str] = set()
         self._shadowed_logged: set[str] = set()
+        # What is served, read by handshakes and status() without the lock: each replaced whole, never mutated.
+        self._identities: dict[str, Reloader] = {}  # the identities served, by name, in precedence order
+        self._table: dict[str, Reloader] = {}  # server name (or *. wildcard) -> the identity answering it
+        self._contexts = ContextCache()  # the contexts built, for the identities asked for most recently
+        self._unserved: dict[str, str] = {}  # identities found but not served, by name: why
+        self._conflicts_logged: set[tuple[str, str, str]] = set()  # (name, first, second) claimed twice, logged
         self.check(settle=False)
         self._starting = False
 
@@ -169,6 +157,55 @@ class SNIIdentities(ServedIdentities):
             "serving SNI identities from %s: %s", os.pathsep.join(identities.directories), identities.summary().line()
         )
         return identities
+
+    # -- the lookup (inside OpenSSL's ClientHello callback) ----------------------------------
+
+    def context_for(self, server_name: str | None) -> ssl.SSLContext | None:
+        """The newest context of the identity serving ``server_name``, or ``None`` when no SNI
+        identity does (the default identity's, then). What Go's ``GetCertificate`` returns: a
+        dispatcher of your own can delegate to it. Constant time; never raises."""
+        reloader = self.reloader_for(server_name)
+        # Built on the first handshake that names it (a concurrent one waits for that build), kept among
+        # the contexts of the identities asked for most recently.
+        return None if reloader is None else self._contexts.get(reloader)
+
+    def reloader_for(self, server_name: str | None) -> Reloader | None:
+        """The :class:`~tlsreload_plugins.Reloader` of the identity serving ``server_name``, or ``None``."""
+        return lookup(self._table, server_name)
+
+    # -- reading state -------------------------------------------------------------------------
+
+    def reloaders(self) -> dict[str, Reloader]:
+        """The identities served, by name."""
+        return dict(self._identities)
+
+    def status(self) -> dict[str, Status]:
+        """Each served identity's :class:`~tlsreload_plugins.Status`, by name."""
+        return {name: reloader.status() for name, reloader in self._identities.items()}
+
+    def unserved(self) -> dict[str, str]:
+        """Identities found but not served (their files were never usable, or OpenSSL refused what
+        ``cryptography`` accepted), by name: why."""
+        refused = self._contexts.refused()
+        named = {name: refused[reloader] for name, reloader in self._identities.items() if reloader in refused}
+        return {**self._unserved, **named}
+
+    def summary(self) -> Summary:
+        """How many identities there are, how many are served and refused (and why), how many contexts are
+        built, which certificate expires first: what to read about thousands of identities, rather than
+        :meth:`status`."""
+        leaves = {name: reloader.leaf for name, reloader in self._identities.items()}
+        unserved = self.unserved()
+        return summarize(leaves, unserved, len(leaves) + len(unserved.keys() - leaves.keys()), len(self._contexts))
+
+    def names(self) -> dict[str, str]:
+        """The routing table: each server name (or ``*.`` wildcard) and the identity that answers it."""
+        by_reloader = {id(reloader): name for name, reloader in self._identities.items()}
+        return {host: by_reloader.get(id(reloader), "?") for host, reloader in self._table.items()}
+
+    def _rebuild(self) -> None:
+        # One reference swap: a handshake sees the old table or the new one.
+        self._table = routing_table(self._identities, self._conflicts_logged)
 
     # -- the scan ------------------------------------------------------------------------------
 
@@ -289,7 +326,7 @@ class SNIIdentities(ServedIdentities):
         for name, reloader in current.items():
             if name in found:
                 continue
-            if _is_alive(reloader.files):  # certbot relinking its files one at a time
+            if is_alive(reloader.files):  # certbot relinking its files one at a time
                 self._missing.discard(name)
                 self._again.add(name)
                 reloader.check(settle=settle, offload=offload)

@@ -1,12 +1,12 @@
 """The kernel's change notifications on directories (Linux inotify), through ``ctypes`` on libc.
 
-What the SNI identities use to look only at the identities whose files changed, instead of reading every
-identity on every check (:mod:`tlsreload_plugins.sni.tracker`). Nothing here decides anything: a
+What the SNI identities' change tracker (:mod:`tlsreload_plugins.sni.tracker`) uses to look only at the
+identities whose files changed, instead of reading every identity on every check. Nothing here decides anything: a
 :class:`DirectoryEvents` watches directories and hands back which of them saw an event since it was
 last asked. It never blocks (the descriptor is non-blocking) and starts no thread.
 
 Where inotify is missing (macOS, a libc without it) :func:`open_events` returns ``None``, and the
-callers check everything on every tick, as before. Only ``ENOSPC`` (``fs.inotify.max_user_watches``
+callers check everything on every tick. Only ``ENOSPC`` (``fs.inotify.max_user_watches``
 reached) makes :meth:`DirectoryEvents.watch` raise :class:`WatchesExhausted`.
 """
 

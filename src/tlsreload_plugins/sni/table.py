@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from tlsreload_plugins.reloader import Reloader
 
-# Its log lines keep the logger they were always written under.
+# The SNI identities' logger: a conflict between two identities is theirs to report.
 log = logging.getLogger("tlsreload_plugins.sni")
 
 

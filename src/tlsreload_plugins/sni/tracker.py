@@ -1,33 +1,39 @@
-"""Which SNI identities to look at on a tick: those the kernel saw change, and a slice of the rest.
+"""The SNI identities' change tracker: which identities to look at on a tick, those the kernel saw change and
+a slice of the rest, so that an unchanged tick costs what changed rather than a read of every identity.
 
-Reading every identity's files on every check costs about 35 µs per identity: 10,000 identities keep a
-third of a core busy doing nothing. A :class:`ChangeTracker` makes an unchanged tick cost what changed:
+* A :class:`ChangeTracker` holds inotify watches (:mod:`tlsreload_plugins.sni.inotify`) on every configured SNI
+  directory, every candidate identity directory in them, and the directory each identity's files resolve to
+  (kubelet's ``..data`` rename shows in the identity's directory; certbot's relink in ``live/<name>/``; a
+  rewrite in place in ``archive/<name>/`` or ``..2024_xx/``), and re-resolves those after each look;
+* an identity under a directory that saw an event is *dirty*: the caller checks it in full (read, hash,
+  validate) on this tick;
+* the ticker stays as the safety net, as controller-runtime's certwatcher keeps its poll beside its inotify
+  watches: every tick also sweeps a slice of the identities, so that each is checked in full at least every
+  ``max(SWEEP_PERIOD, interval)`` seconds whatever the kernel said;
+* where inotify is missing, or the kernel's watches run out (one WARNING), every identity is checked on every
+  tick.
 
-* it watches (:mod:`tlsreload_plugins.sni.inotify`) every configured SNI directory, every candidate
-  identity directory in them, and the directory each identity's files resolve to (kubelet's
-  ``..data`` rename shows in the identity's directory; certbot's relink in ``live/<name>/``; a rewrite
-  in place in ``archive/<name>/`` or ``..2024_xx/``), and re-resolves those after each look;
-* an identity under a directory that saw an event is *dirty*: the caller checks it in full (read,
-  hash, validate) on this tick;
-* the ticker stays as the safety net, as controller-runtime's certwatcher keeps its poll beside its
-  watch: every tick also sweeps a slice of the identities, so that each is checked in full at least
-  every ``max(SWEEP_PERIOD, interval)`` seconds whatever the kernel said;
-* where inotify is missing, or the kernel's watches run out (one WARNING), every identity is checked on
-  every tick, as before.
-
-The decisions are plain functions (:func:`per_tick`, :func:`sweep_slice`, :func:`dirty_under`),
-testable without files or threads. Finding the identities is :mod:`tlsreload_plugins.sni.discovery`'s.
+The decisions are plain functions (:func:`per_tick`, :func:`sweep_slice`, :func:`dirty_under`), testable without
+files or threads. Finding the identities is :mod:`tlsreload_plugins.sni.discovery`'s; the tracker serves
+:class:`~tlsreload_plugins.sni.SNIIdentities` and a server's parent process (:func:`every_identity`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tlsreload_plugins.files import TLSFiles
-from tlsreload_plugins.sni.discovery import _discover, identity_files
+from tlsreload_plugins.lastgood.store import DEFAULT
+from tlsreload_plugins.sni.discovery import (
+    discover,
+    identities_found,
+    identity_files,
+    is_directory,
+    resolve_directories,
+)
 from tlsreload_plugins.sni.inotify import DirectoryEvents, WatchesExhausted, open_events
 
 log = logging.getLogger("tlsreload_plugins.sni")
@@ -161,7 +167,7 @@ class ChangeTracker:
             else:
                 return self._start_watching()
         if not self._watching or self._events is None:
-            found, shadowed = _discover(self.directories)
+            found, shadowed = identities_found(self.directories)
             return self._result(found, shadowed, frozenset(found), everything=True)
         directories, entries, overflow = self._events.changed()
         if overflow:
@@ -243,7 +249,7 @@ class ChangeTracker:
         if self._events is not None:
             self._events.close()
             self._events = None
-        found, shadowed = _discover(self.directories)
+        found, shadowed = identities_found(self.directories)
         return self._result(found, shadowed, frozenset(found), everything=True)
 
     def _result(
@@ -265,7 +271,7 @@ class ChangeTracker:
         else:
             try:
                 with os.scandir(root) as listing:
-                    now = {entry.path for entry in listing if not entry.name.startswith(".") and _is_dir(entry)}
+                    now = {entry.path for entry in listing if not entry.name.startswith(".") and is_directory(entry)}
             except OSError:
                 now = set()
         replaced = {path for path in now & before if path in entries}  # a subdirectory replaced, a link repointed
@@ -350,8 +356,37 @@ class ChangeTracker:
             self._events = None
 
 
-def _is_dir(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_dir()
-    except OSError:
-        return False
+def every_identity(files: TLSFiles, directories: Iterable[str] | str | None) -> Callable[[], dict[str, TLSFiles]]:
+    """A function giving the configured identity (under :data:`~tlsreload_plugins.lastgood.last_good.DEFAULT`)
+    and every SNI identity in ``directories`` found when it is called: what a server's parent process
+    keeps the last good of (:func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`). Its ``tick(interval)``
+    gives the same and the names to look at now: those whose files the kernel saw change, and a slice of
+    the others (a :class:`ChangeTracker`'s; ``None``: every one).
+
+    Raises:
+        ValueError: a directory does not exist (now; one removed later gives no SNI identity).
+    """
+    return _EveryIdentity(files, resolve_directories(directories))
+
+
+@dataclass
+class _EveryIdentity:
+    files: TLSFiles
+    directories: list[str]
+    _tracker: ChangeTracker | None = None
+    _found: tuple[object, dict[str, TLSFiles]] = (None, {})  # the tracker's last found, and what it gave
+
+    def __call__(self) -> dict[str, TLSFiles]:
+        return {DEFAULT: self.files, **discover(self.directories, self.files.ca_certs)}
+
+    def tick(self, interval: float) -> tuple[dict[str, TLSFiles], set[str] | None]:
+        if self._tracker is None:
+            self._tracker = ChangeTracker(self.directories, interval, self.files.ca_certs)
+        self._tracker.interval = interval
+        tick = self._tracker.tick()
+        if tick.found is not self._found[0]:  # something added, removed or changed its files
+            ca = self.files.ca_certs
+            named = {name: TLSFiles(f.certfile, f.keyfile, ca) for name, f in tick.found.items()}
+            self._found = (tick.found, {DEFAULT: self.files, **named})
+        look = None if tick.everything else {DEFAULT, *tick.check}
+        return self._found[1], look

@@ -1,7 +1,6 @@
 """Paths that read as given bytes, in memory (:func:`in_memory_files`), and a context built through a server's
 recipe from the bytes of a snapshot (:func:`context_from`): how the last good identity, and an SNI identity
-built on its first handshake, are served from bytes rather than from the files on disk. (Importable from
-:mod:`tlsreload_plugins.lastgood.last_good` too, where they were first defined.)
+built on its first handshake, are served from bytes rather than from the files on disk.
 """
 
 from __future__ import annotations

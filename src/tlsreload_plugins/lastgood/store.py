@@ -1,15 +1,13 @@
 """The shared store: the newest identity each name of a server served, with the leaf its validation
 found, in memory every process of the server shares (:class:`SharedStore`).
 
-Two regions written alternately, each a table of identities by name (:func:`encode`,
-:func:`decode`), with the refusal validation found for the newest content of each name it refused
-(so that a process reading those bytes takes it rather than judging them again); writers take turns
-under a POSIX record lock; a spawn server's parent is the store's keeper (:class:`Keeper`,
-:mod:`tlsreload_plugins.lastgood.keeper`), which its workers ask to look at new content. On Linux the
-mapping is a memfd, passed to spawned workers as a file descriptor when the store is pickled for
-them (:mod:`tlsreload_plugins.lastgood.spawned`); elsewhere they get a copy. What is kept, and how a
-context is built from it, is :mod:`tlsreload_plugins.lastgood.last_good`'s. (These names are also importable
-from there, where they were first defined.)
+Two regions written alternately, each a table of identities by name (:mod:`tlsreload_plugins.lastgood.table`),
+with the refusal validation found for the newest content of each name it refused (so that a process reading
+those bytes takes it rather than judging them again); writers take turns under a POSIX record lock. A spawn
+server's parent is the store's keeper (:class:`Keeper`), which its workers ask to look at new content. On Linux
+the mapping is a memfd, passed to spawned workers as a file descriptor when the store is pickled for them
+(:mod:`tlsreload_plugins.lastgood.spawned`); elsewhere they get a copy. What is kept, and how a context is built
+from it, is :mod:`tlsreload_plugins.lastgood.last_good`'s.
 """
 
 from __future__ import annotations
@@ -20,40 +18,20 @@ import hashlib
 import logging
 import mmap
 import os
+import select
 import struct
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Snapshot
 from tlsreload_plugins.identity import Leaf
-
-# `X as X`: the keeper moved to store_keeper.py; imported back so `from .store import X` keeps working.
-from tlsreload_plugins.lastgood.keeper import _PASSES as _PASSES
-from tlsreload_plugins.lastgood.keeper import Keeper as Keeper
-
-# `X as X`: how a store reaches a spawned process moved to store_spawned.py; imported back so
-# `from .store import X` keeps working.
-from tlsreload_plugins.lastgood.spawned import _attached as _attached
-from tlsreload_plugins.lastgood.spawned import _copied as _copied
-from tlsreload_plugins.lastgood.spawned import _Descriptor as _Descriptor
-from tlsreload_plugins.lastgood.spawned import _for_process_being_started as _for_process_being_started
-from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes as shared_with_spawned_processes
-
-# `X as X`: the table's encoding moved to store_table.py; imported back so `from .store import X` keeps working.
-from tlsreload_plugins.lastgood.table import _COUNT as _COUNT
-from tlsreload_plugins.lastgood.table import _ENTRY as _ENTRY
-from tlsreload_plugins.lastgood.table import Kept as Kept
-from tlsreload_plugins.lastgood.table import Parts as Parts
-from tlsreload_plugins.lastgood.table import Refusal as Refusal
-from tlsreload_plugins.lastgood.table import _Index as _Index
-from tlsreload_plugins.lastgood.table import _leaf_bytes as _leaf_bytes
-from tlsreload_plugins.lastgood.table import _leaf_from as _leaf_from
-from tlsreload_plugins.lastgood.table import decode as decode
-from tlsreload_plugins.lastgood.table import encode as encode
+from tlsreload_plugins.lastgood.spawned import Descriptor, for_process_being_started
+from tlsreload_plugins.lastgood.table import Index, Kept, Parts, Refusal, decode, encode
 
 # The store's log lines keep the logger they were always written under.
 log = logging.getLogger("tlsreload_plugins.lastgood")
@@ -64,13 +42,13 @@ DEFAULT = ""
 """The name the configured identity (certfile and keyfile) is kept under. SNI identities are kept under
 their own names (their directories' names), which are never empty."""
 
+_PASSES = struct.Struct("<QQ")  # the keeper's passes: how many it began, the number of the last one it completed
 _HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the payload
 
 REGION_BYTES = 256 * 1024 * 1024
 """Room for the table of kept identities in a :class:`SharedStore` (two such regions are mapped): the
-configured identity and tens of thousands of SNI identities (1.7 KiB each with an EC P-256 key and a
-one-certificate chain, about 6 KiB with RSA 2048 and an intermediate; a client-CA bundle shared by all of
-them is kept once). Address space only: the pages written are the only memory used."""
+configured identity and tens of thousands of SNI identities (a client-CA bundle shared by all of them is
+kept once). Address space only: the pages written are the only memory used."""
 
 _MAX_ASK = 512
 """An ask naming an identity is at most this long (POSIX guarantees atomic pipe writes of 512 bytes)."""
@@ -80,12 +58,18 @@ LOCK_WAIT = 2.0
 
 ASK_WAIT = 3.0
 """Seconds a worker waits for the keeper's verdict on new content (:meth:`SharedStore.ask`) before it
-judges the content itself. The keeper validates in a child process (:mod:`tlsreload_plugins.validation.apart`):
-0.2 to 0.3 s, more on a loaded machine."""
+judges the content itself. The keeper validates in a child process (:mod:`tlsreload_plugins.validation.apart`),
+which takes longer on a loaded machine."""
 
 
 def _named(name: str) -> str:
     return f"SNI identity {name}" if name else "the server"
+
+
+def _passes(mapping: mmap.mmap) -> tuple[int, int]:
+    """The keeper's passes numbered in ``mapping``'s first bytes: how many it began, the last one it completed."""
+    begun, completed = _PASSES.unpack_from(mapping, 0)
+    return int(begun), int(completed)
 
 
 class SharedStore:
@@ -105,9 +89,10 @@ class SharedStore:
     and never wait on it: they try again every millisecond, so a gevent hub is never blocked, and
     give up after :data:`LOCK_WAIT` seconds.
 
-    A spawn server's parent keeps the table current (:func:`keep_newest_valid`); a worker that finds
-    new content on disk asks it to look (:meth:`ask`), and takes its verdict instead of parsing the content
-    itself, so the workers load no ``cryptography`` while the content on disk is valid.
+    A spawn server's parent keeps the table current (its :class:`Keeper`:
+    :func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`); a worker that finds new content on disk asks
+    it to look (:meth:`ask`), and takes its verdict instead of parsing the content itself, so the workers load no
+    ``cryptography`` while the content on disk is valid.
     """
 
     def __init__(self, region_bytes: int = REGION_BYTES) -> None:
@@ -128,14 +113,41 @@ class SharedStore:
     def _start_in_process(self) -> None:
         self._in_process = threading.Lock()  # POSIX record locks do not exclude threads of one process
         # The newest intact region, its generation, and where each identity's contents lie in it.
-        self._cached: tuple[int, int, _Index | dict[str, Kept]] = (-1, 0, {})
+        self._cached: tuple[int, int, Index | dict[str, Kept]] = (-1, 0, {})
         self._full_logged: set[str] = set()
 
+    # -- to a spawned process -------------------------------------------------------------------
+
     def __reduce__(self) -> tuple[Callable[..., SharedStore], tuple[object, ...]]:
-        passed = _for_process_being_started(self._fd, self._asks) if self._fd is not None else None
+        """How the store reaches a process multiprocessing starts (uvicorn's ``--workers``, hypercorn's workers,
+        which get it with the configuration the server pickles for them): its memfd (and the pipe to its keeper)
+        passed as file descriptors, so the parent and the child share one table (:meth:`_attached`); when they
+        cannot be passed, a copy of the table as it is now (:meth:`_copied`)."""
+        passed = for_process_being_started(self._fd, self._asks) if self._fd is not None else None
         if passed is not None:
-            return _attached, (*passed, self._region - _HEADER.size)
-        return _copied, (encode(self._table()), self._region - _HEADER.size)
+            return type(self)._attached, (*passed, self._region - _HEADER.size)
+        return type(self)._copied, (encode(self._table()), self._region - _HEADER.size)
+
+    @classmethod
+    def _attached(cls, mapping: Descriptor, asks: Descriptor | None, region_bytes: int) -> SharedStore:
+        """The store a spawned process shares with its parent, from the descriptors passed."""
+        store = cls.__new__(cls)
+        store._region = _HEADER.size + region_bytes
+        store._fd = store._lock_fd = mapping.detach()
+        store._map = mmap.mmap(store._fd, _PASSES.size + 2 * store._region, flags=mmap.MAP_SHARED)
+        store._asks = asks.detach() if asks is not None else None
+        store._start_in_process()
+        return store
+
+    @classmethod
+    def _copied(cls, payload: bytes, region_bytes: int) -> SharedStore:
+        """A store of this process only, holding the table ``payload`` (see
+        :func:`~tlsreload_plugins.lastgood.table.encode`)."""
+        store = cls(region_bytes)
+        table = decode(payload)
+        if table:
+            store._change(DEFAULT, lambda kept, refused: kept.update(table))
+        return store
 
     # -- the table ------------------------------------------------------------------------------
 
@@ -146,10 +158,10 @@ class SharedStore:
         generation: int = _HEADER.unpack_from(self._map, self._base(index))[0]
         return generation
 
-    def _current(self) -> tuple[int, int, _Index] | None:
+    def _current(self) -> tuple[int, int, Index] | None:
         """The newest intact region: its number, generation and index (``None`` when neither is intact)."""
         region, known, table = self._cached
-        if isinstance(table, _Index) and self._generation(region) == known > self._generation(1 - region):
+        if isinstance(table, Index) and self._generation(region) == known > self._generation(1 - region):
             return region, known, table  # still the newest, and not being rewritten (that zeroes its generation)
         for index in sorted((0, 1), key=self._generation, reverse=True):
             base = self._base(index)
@@ -157,13 +169,13 @@ class SharedStore:
             if generation == 0 or length > self._region - _HEADER.size:
                 continue
             region, known, table = self._cached
-            if (region, known) == (index, generation) and isinstance(table, _Index):
+            if (region, known) == (index, generation) and isinstance(table, Index):
                 return index, generation, table  # a region is rewritten only under a new generation
             start = base + _HEADER.size
             with memoryview(self._map)[start : start + length] as payload:
                 intact = hashlib.sha256(payload).digest() == digest and self._generation(index) == generation
                 try:
-                    located = _Index.of(payload, start) if intact else None
+                    located = Index.of(payload, start) if intact else None
                 except ValueError:
                     located = None
             if located is None:
@@ -176,7 +188,7 @@ class SharedStore:
         """What is kept for ``name``: its contents copied out of the shared memory, not the whole table."""
         return self._located(lambda located: located.contents(self._map, name))
 
-    def _located(self, read: Callable[[_Index], T | None]) -> T | None:
+    def _located(self, read: Callable[[Index], T | None]) -> T | None:
         """What ``read`` finds in the newest intact region, read again when it was rewritten meanwhile."""
         for _ in range(3):
             current = self._current()
@@ -217,7 +229,7 @@ class SharedStore:
         """The leaf kept for each name of ``identities`` (name: its bytes) whose bytes are exactly those kept for it,
         by name, found in one look at the table and compared in place (nothing copied out of the shared memory)."""
 
-        def read(located: _Index) -> dict[str, Leaf]:
+        def read(located: Index) -> dict[str, Leaf]:
             held = {name: located.holds(self._map, name, parts) for name, parts in identities.items()}
             return {name: leaf for name, (same, leaf) in held.items() if same and leaf is not None}
 
@@ -263,7 +275,7 @@ class SharedStore:
         rewrites the whole table). Whether the store keeps them all now. Never raises."""
         wanted = {name: ((s.cert, s.key, s.ca), leaf) for name, (s, leaf) in identities.items()}
 
-        def changed(located: _Index) -> dict[str, Kept]:  # in one look at the table, compared in place
+        def changed(located: Index) -> dict[str, Kept]:  # in one look at the table, compared in place
             held = {name: located.holds(self._map, name, parts) for name, (parts, _) in wanted.items()}
             return {
                 name: (parts, leaf)
@@ -317,7 +329,7 @@ class SharedStore:
             generation = max(generations) + 1
             _HEADER.pack_into(self._map, base, generation, len(payload), hashlib.sha256(payload).digest())
             start = base + _HEADER.size
-            located = _Index.of(memoryview(payload), start)  # no need to hash it again
+            located = Index.of(memoryview(payload), start)  # no need to hash it again
             for kept_name, (_, leaf) in table.items():  # decoded already: processes forked from here take them too
                 if leaf is not None:
                     located.leaves[located.entries[kept_name][3]] = leaf
@@ -349,13 +361,13 @@ class SharedStore:
     # -- the keeper -----------------------------------------------------------------------------
 
     def ask(self, wait: float = ASK_WAIT, name: str | None = None) -> bool:
-        """Have the keeper (:func:`keep_newest_valid`, in a spawn server's parent) look at the files
-        now (those of identity ``name`` at least; ``None``: every identity), and wait until it has:
-        ``True`` then; ``False`` at once when this store has no keeper (gunicorn's), or after ``wait``
-        seconds when the keeper does not answer. Blocking."""
+        """Have the keeper (:func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`, in a spawn server's
+        parent) look at the files now (those of identity ``name`` at least; ``None``: every identity), and wait
+        until it has: ``True`` then; ``False`` at once when this store has no keeper (gunicorn's), or after
+        ``wait`` seconds when the keeper does not answer. Blocking."""
         if self._asks is None:
             return False
-        begun = self._passes()[0]
+        begun = _passes(self._map)[0]
         label = name.encode() if name is not None else b"\0"
         asked = label + b"\n" if len(label) < _MAX_ASK and b"\n" not in label else b"\0\n"  # \0: all of them
         try:
@@ -365,15 +377,11 @@ class SharedStore:
         except OSError:
             return False  # the keeper is gone
         deadline = time.monotonic() + wait
-        while self._passes()[1] <= begun:  # until a pass that began after the ask has completed
+        while _passes(self._map)[1] <= begun:  # until a pass that began after the ask has completed
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.001)
         return True
-
-    def _passes(self) -> tuple[int, int]:
-        begun, completed = _PASSES.unpack_from(self._map, 0)
-        return int(begun), int(completed)
 
     def keep(self) -> Keeper:
         """Make this process the store's keeper: the processes it starts from now on can :meth:`ask` it."""
@@ -381,4 +389,43 @@ class SharedStore:
         os.set_blocking(read_end, False)
         os.set_blocking(write_end, False)  # shared with the children: a full pipe never blocks a worker
         self._asks = write_end
-        return Keeper(self, read_end)
+        return Keeper(self._map, read_end)
+
+
+@dataclass(frozen=True)
+class Keeper:
+    """The keeper's side of a :class:`SharedStore` (a spawn server's parent, which keeps the store current for its
+    workers: :func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`): it waits for the workers' asks, and
+    numbers its passes in the store's first bytes, so that a worker that asked knows when a pass that began after
+    its ask has completed."""
+
+    mapping: mmap.mmap
+    """The store's mapping, whose first bytes number the keeper's passes."""
+    asks: int
+    """The read end of the pipe workers ask through."""
+
+    def wait(self, timeout: float) -> set[str] | None:
+        """Return when a worker asks, or after ``timeout`` seconds: the names of the identities asked
+        about (empty: none asked), ``None`` when one asked about every identity."""
+        asked: set[str] | None = set()
+        if select.select([self.asks], [], [], timeout)[0]:
+            data = b""
+            with contextlib.suppress(BlockingIOError):
+                data = os.read(self.asks, 65536)
+            for ask in data.split(b"\n")[:-1]:
+                if b"\0" in ask or asked is None:
+                    asked = None
+                else:
+                    asked.add(ask.decode(errors="replace"))
+        return asked
+
+    @contextlib.contextmanager
+    def one_pass(self) -> Iterator[None]:
+        """Number a look at every identity: a worker's :meth:`SharedStore.ask` waits for the end of one that began
+        after it asked."""
+        begun, completed = _passes(self.mapping)
+        _PASSES.pack_into(self.mapping, 0, begun + 1, completed)
+        try:
+            yield
+        finally:
+            _PASSES.pack_into(self.mapping, 0, begun + 1, begun + 1)

@@ -1,6 +1,6 @@
 """The table a :class:`~tlsreload_plugins.lastgood.store.SharedStore` region holds, as bytes: :func:`encode` writes
 it (each distinct content once, then each identity's name and the indices of its contents, then the refusals
-kept: :data:`Refusal`), :func:`decode` reads it whole, and :class:`_Index` locates each identity's contents in
+kept: :data:`Refusal`), :func:`decode` reads it whole, and :class:`Index` locates each identity's contents in
 place, so a process serving thousands of identities copies out only the few it reads. No file, no lock: the
 mapping and its locking are :mod:`tlsreload_plugins.lastgood.store`'s.
 """
@@ -54,9 +54,9 @@ def _leaf_from(data: bytes) -> Leaf:
 
 
 def encode(table: Mapping[str, Kept], refusals: Mapping[str, Refusal] | None = None) -> bytes:
-    """The payload of a :class:`SharedStore` region: each distinct content once (file contents, leaves),
-    then each identity's name and the indices of its contents (SNI identities share the client-CA bundle),
-    then, when there are any, the ``refusals`` kept by name (each a name and a JSON list)."""
+    """The payload of a :class:`~tlsreload_plugins.lastgood.store.SharedStore` region: each distinct content once
+    (file contents, leaves), then each identity's name and the indices of its contents (SNI identities share the
+    client-CA bundle), then, when there are any, the ``refusals`` kept by name (each a name and a JSON list)."""
     blobs: dict[bytes, int] = {}
     entries: list[bytes] = []
     for name, (parts, leaf) in table.items():
@@ -126,7 +126,7 @@ def _decoded(payload: bytes) -> tuple[dict[str, Kept], dict[str, Refusal]]:
 
 
 @dataclass(frozen=True)
-class _Index:
+class Index:
     """Where a region's table keeps each content (offsets into the shared mapping) and which contents each
     identity has: a process serving thousands of identities copies out the few it reads, not the table."""
 
@@ -139,7 +139,7 @@ class _Index:
     leaves: dict[int, Leaf] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, payload: memoryview, start: int) -> _Index:
+    def of(cls, payload: memoryview, start: int) -> Index:
         """The index of ``payload`` (an :func:`encode` table found at offset ``start`` of the mapping).
 
         Raises:

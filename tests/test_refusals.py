@@ -15,7 +15,6 @@ import pytest
 import trustme
 
 import tlsreload_plugins.lastgood.last_good
-import tlsreload_plugins.reloader
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
 from tlsreload_plugins.files import Snapshot, read_files
@@ -34,15 +33,13 @@ def recipe_for(files: TLSFiles) -> ssl.SSLContext:
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[Snapshot]:
     """Every validation the last good store's users run from now on (at start and in checks)."""
     judged: list[Snapshot] = []
-    for module in (tlsreload_plugins.lastgood.last_good, tlsreload_plugins.reloader):
-        name = "judge" if module is tlsreload_plugins.lastgood.last_good else "validate"
-        real = getattr(module, name)
+    real = tlsreload_plugins.lastgood.last_good.validate
 
-        def count(snapshot: Snapshot, password: object = None, real: object = real) -> object:
-            judged.append(snapshot)
-            return real(snapshot, password)  # type: ignore[operator]
+    def count(snapshot: Snapshot, password: object = None) -> object:
+        judged.append(snapshot)
+        return real(snapshot, password)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(module, name, count)
+    monkeypatch.setattr(tlsreload_plugins.lastgood.last_good, "validate", count)
     return judged
 
 

@@ -166,11 +166,11 @@ def test_a_batch_is_one_child_and_judge_takes_what_prejudged_found(ca: trustme.C
     assert [leaf.serial for leaf in validate_apart.validate_many(items)] == [p.serial for p in pairs]  # type: ignore[union-attr]
     assert in_a_child == [5]
     with validate_apart.prejudged(items):
-        assert [validate_apart.judge(snapshot).serial for snapshot, _ in items] == [p.serial for p in pairs]
+        assert [validate_apart.validate(snapshot).serial for snapshot, _ in items] == [p.serial for p in pairs]
         with pytest.raises(InvalidIdentity, match="does not match"):
-            validate_apart.judge(snapshot_of(pairs[0].chain, pairs[1].key))  # not judged ahead: a child of its own
+            validate_apart.validate(snapshot_of(pairs[0].chain, pairs[1].key))  # not judged ahead: a child of its own
     assert in_a_child == [5, 5, 1]
-    validate_apart.judge(items[0][0])  # the block has ended
+    validate_apart.validate(items[0][0])  # the block has ended
     assert in_a_child == [5, 5, 1, 1]
 
 
@@ -208,10 +208,10 @@ def test_no_child_can_start_validation_runs_here_said_once(
     monkeypatch.setattr(validate_apart, "validate_in_child", functools.partial(real, command=["/nonexistent/python3"]))
     pair = issue(ca)
     fds = pipes()
-    first = validate_apart.judge(snapshot_of(pair.chain, pair.key))
+    first = validate_apart.validate(snapshot_of(pair.chain, pair.key))
     assert first.serial == pair.serial
     with pytest.raises(InvalidIdentity, match="does not match"):
-        validate_apart.judge(snapshot_of(pair.chain, issue(ca).key))
+        validate_apart.validate(snapshot_of(pair.chain, issue(ca).key))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "/nonexistent/python3" in warnings[0], warnings
     assert "validated in this process from now on" in warnings[0]

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tlsreload_plugins.examine import Examined
 from tlsreload_plugins.outcome import Outcome
-from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.served import Offload
+from tlsreload_plugins.reloader import Offload, Reloader
 
 if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio (about 2 MiB)
     import asyncio

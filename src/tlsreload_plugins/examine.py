@@ -1,42 +1,27 @@
-"""The blocking half of a check: read the files, and when their content is new, validate it and build
-a context from it, deciding nothing.
+"""Reading and judging a reloader's files, deciding nothing: what a reloader serves first, and the blocking
+half of each check.
 
-:func:`examine_files` is what :meth:`Reloader.examine <tlsreload_plugins.reloader.Reloader.examine>`
-runs, in a thread of its own or a gevent threadpool, and :class:`Examined` what it hands back for the
-reloader to decide on under its lock. :func:`build_context` and :func:`load_identity` are the steps
-a reloader takes before it serves anything, usable on their own; :func:`first_identity` is what it
-serves first. (The names that were first defined in :mod:`tlsreload_plugins.reloader` are still
-importable from there.)
+:func:`first_identity` (and :func:`first_leaf`, for a reloader that builds its context on first use) is what
+a reloader starts serving; :func:`examine_files` is what :meth:`Reloader.examine
+<tlsreload_plugins.reloader.Reloader.examine>` runs, in a thread of its own or a gevent threadpool, and
+:class:`Examined` what it hands back for the reloader to decide on under its lock. :func:`build_context` and
+:func:`load_identity` are the steps a reloader takes before it serves anything, usable on their own.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
 from tlsreload_plugins.identity import Leaf, judge_period
-from tlsreload_plugins.identity import (
-    validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
-)
-from tlsreload_plugins.validation import apart as validate_apart
-
-if TYPE_CHECKING:
-    from tlsreload_plugins.lastgood.last_good import LastGood
+from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, password_digest, verdict
+from tlsreload_plugins.validation.child import Unjudged
 
 Recipe = Callable[[], ssl.SSLContext]
-
-
-class NotJudged(InvalidIdentity):
-    """The files hold content no process of the server has judged, and a process starting now serves its last
-    good identity at once rather than wait for a validation (a child process: 0.3 s, seconds under load): its
-    first check judges them, and reports a refusal at once."""
 
 
 def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLContext:
@@ -58,20 +43,14 @@ def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLConte
     return context
 
 
-def load_identity(
-    files: TLSFiles,
-    recipe: Recipe,
-    password: Password = None,
-    judged: Callable[[Snapshot], Leaf | None] = lambda snapshot: None,
-) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
+def load_identity(files: TLSFiles, recipe: Recipe, password: Password = None) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
     """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
     before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
-    decide exactly as the reloader does (validating where :mod:`tlsreload_plugins.validation.apart` says: a child
-    process, unless this one has loaded ``cryptography``). ``judged(snapshot)`` may give the leaf an earlier
-    validation of exactly those bytes found (:meth:`LastGood.judged <tlsreload_plugins.lastgood.LastGood.judged>`),
-    which is then not parsed again. Raises :class:`InvalidIdentity` with the reason."""
+    decide exactly as the reloader does (:func:`~tlsreload_plugins.lastgood.last_good.verdict`: validated
+    in a child process, unless this one has loaded ``cryptography``). Raises :class:`InvalidIdentity` with
+    the reason."""
     snapshot = read_files(files)
-    leaf = judged(snapshot) or validate_apart.judge(snapshot, password)
+    leaf = verdict(snapshot, password, None)
     return snapshot, leaf, build_context(recipe, files)
 
 
@@ -83,11 +62,12 @@ def first_identity(
     clock: Callable[[], float],
     defer: bool = True,
 ) -> tuple[Snapshot, Leaf, ssl.SSLContext, InvalidIdentity | None]:
-    """What a reloader serves first: the identity in ``files`` (:func:`load_identity`) or, when they
-    cannot be used and ``last_good`` keeps one, the last good identity, judged at ``clock()``
-    (:meth:`LastGood.recall <tlsreload_plugins.lastgood.last_good.LastGood.recall>`). What is served is kept
-    in ``last_good`` again. Returns it with why the files could not be used (``None``: they could; a
-    :class:`NotJudged` when ``defer`` left content nobody had judged to the first check).
+    """What a reloader serves first: the identity in ``files`` (judged by
+    :func:`~tlsreload_plugins.lastgood.last_good.verdict`, a refusal kept for the server's other processes)
+    with a context built by ``recipe``, or, when they cannot be used and ``last_good`` keeps one, the last
+    good identity, its dates judged at ``clock()``. What is served is kept in ``last_good`` again. Returns it
+    with why the files could not be used (``None``: they could; a :class:`NotJudged` when ``defer`` left
+    content nobody had judged to the first check).
 
     Raises:
         InvalidIdentity: the files cannot be used and no last good identity is kept, or the one kept
@@ -95,15 +75,16 @@ def first_identity(
     """
     start_error: InvalidIdentity | None = None
     try:
-        # The verdict or the refusal the server's processes found for exactly these bytes, else validation's.
-        judged = functools.partial(last_good.judge, password=password, defer=defer) if last_good else None
-        snapshot, leaf, live = load_identity(files, recipe, password, judged or (lambda snapshot: None))
+        snapshot = read_files(files)
+        leaf = verdict(snapshot, password, last_good, defer=defer, keep=True)
+        live = build_context(recipe, files)
     except InvalidIdentity as e:
         if last_good is None:
             raise
         start_error = e
         try:
-            snapshot, leaf, live = last_good.recall(files, password, clock())
+            snapshot, leaf = last_good.recall(files, password, clock())
+            live = last_good.context(snapshot)
         except InvalidIdentity as why_not:
             if isinstance(e, NotJudged):  # nothing to serve meanwhile: judge them now (a refusal names them)
                 return first_identity(files, recipe, password, last_good, clock, defer=False)
@@ -113,36 +94,29 @@ def first_identity(
     return snapshot, leaf, live, start_error
 
 
-def first_verdict(
+def first_leaf(
     files: TLSFiles,
     password: Password,
     last_good: LastGood | None,
     clock: Callable[[], float],
     read: Snapshot | None = None,
 ) -> tuple[Snapshot, Leaf, InvalidIdentity | None]:
-    """What an on-demand reloader serves first: :func:`first_identity` without building a context (and
-    without keeping it in ``last_good``: its owner keeps many at once). The verdict ``last_good`` keeps for
-    exactly these bytes is taken rather than parsing them again, and the snapshot returned then shares the
-    kept bytes; so is the refusal it keeps for them. No keeper is asked (its owner judges thousands at once).
-    ``read``: the bytes of ``files`` as the caller has just read them (not read again).
+    """What a reloader that builds its context on first use serves first: :func:`first_identity` without
+    building a context (and without keeping it in ``last_good``: its owner keeps many at once), and without
+    asking a keeper (its owner judges thousands at once). ``read``: the bytes of ``files`` as the caller has
+    just read them (not read again).
 
     Raises:
         InvalidIdentity: as :func:`first_identity`.
     """
     try:
         snapshot = read if read is not None else read_files(files)
-        kept = last_good.kept(snapshot) if last_good is not None else None
-        if kept is not None:
-            return Snapshot(files, *kept[0]), kept[1], None
-        refused = last_good.refusal(snapshot, password) if last_good is not None else None
-        if refused is not None:
-            raise refused
-        return snapshot, validate_apart.judge(snapshot, password), None
+        return snapshot, verdict(snapshot, password, last_good, ask=False), None
     except InvalidIdentity as e:
         if last_good is None:
             raise
         try:
-            snapshot, leaf = last_good.recall_verdict(files, password, clock())
+            snapshot, leaf = last_good.recall(files, password, clock())
         except InvalidIdentity as why_not:
             raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
         return snapshot, leaf, e
@@ -212,15 +186,6 @@ class Examined:
         return f"{self.fingerprint}:{self.password}"
 
 
-def password_digest(password: Password) -> str:
-    """A digest of the key password ``password`` gives now (a password file is read), for :attr:`Examined.password`."""
-    try:
-        secret = password_bytes(password)
-    except Exception as e:  # an unreadable password file: that is the verdict's input too
-        return f"unreadable: {e}"
-    return hashlib.sha256(secret or b"").hexdigest()
-
-
 def examine_files(
     files: TLSFiles,
     recipe: Recipe,
@@ -229,12 +194,13 @@ def examine_files(
     *,
     served: str,
     known_bad: Examined | None,
-    judge: Callable[[Snapshot], Leaf],
+    last_good: LastGood | None,
     live: ssl.SSLContext | None,
     in_use: Callable[[ssl.SSLContext], bool],
 ) -> Examined:
     """Read ``files`` once and, when their content is not the content ``served`` (its fingerprint),
-    judge it with ``judge`` at ``now`` and build a context with ``recipe``. Blocking; changes no state.
+    judge it (:func:`~tlsreload_plugins.lastgood.last_good.verdict`, with what ``last_good`` keeps), its
+    dates at ``now``, and build a context with ``recipe``. Blocking; changes no state.
 
     ``known_bad`` is the last content found unusable: when the files still hold it (with the same
     ``password``), it is not parsed again, and only its dates are judged anew. ``live`` is the
@@ -242,7 +208,7 @@ def examine_files(
     ``in_use(context)`` tells whether a context the recipe returned is one the server already uses.
 
     Unusable files never raise: they are an :attr:`Examined.error`. What nobody foresaw (a bug, an
-    error other than :class:`InvalidIdentity` from ``judge``) escapes, and :meth:`Reloader.examine
+    error other than :class:`InvalidIdentity` from validation) escapes, and :meth:`Reloader.examine
     <tlsreload_plugins.reloader.Reloader.examine>` reports it as a failure.
     """
     try:
@@ -264,9 +230,9 @@ def examine_files(
         except InvalidIdentity as e:
             return Examined(fingerprint=observed, leaf=known.leaf, error=e, password=digest)
     try:
-        leaf = judge(snapshot)
+        leaf = verdict(snapshot, password, last_good)
     except InvalidIdentity as e:
-        refused = None if isinstance(e, validate_apart.Unjudged) else e  # a child stopped over it: no verdict
+        refused = None if isinstance(e, Unjudged) else e  # a child stopped over it: no verdict
         return Examined(fingerprint=observed, error=e, password=password_digest(password), refused=refused)
     try:
         judge_period(leaf, files, when)

@@ -4,8 +4,7 @@
 Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Reloader` returns an
 :class:`Outcome` from every check, hands out its state as a :class:`Status`, asks its
 :class:`Settling` whether a bad content is reported now, and :func:`warn_expiry` whether the served
-certificate's expiry is. (The names that were first defined in :mod:`tlsreload_plugins.reloader`
-are still importable from there.)
+certificate's expiry is.
 """
 
 from __future__ import annotations

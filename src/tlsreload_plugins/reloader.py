@@ -1,9 +1,8 @@
-"""Decide and act on one check: changed? valid? swap?
+"""Keep one server :class:`ssl.SSLContext` serving whatever valid identity is on disk: :class:`Reloader`.
 
-:class:`Reloader` holds the live :class:`ssl.SSLContext` a server was given and, on every
-:meth:`Reloader.check`, re-reads the files, and when their content changed and is valid,
-puts a freshly built context in its place. It does no waiting and owns no thread: the
-drivers in :mod:`tlsreload_plugins.drivers` call ``check`` on an interval.
+On every :meth:`Reloader.check`, a reloader re-reads the files, and when their content changed and is valid,
+puts a freshly built context in its place. It does no waiting and owns no thread: the drivers in
+:mod:`tlsreload_plugins.drivers` call ``check`` on an interval.
 
 How the swap works: the server keeps the one context object it was handed. Its ``wrap_socket``
 and ``wrap_bio`` create each new connection on the newest complete context, whose session cache
@@ -12,65 +11,89 @@ skips verification, so a removed client CA stays out). Each connection therefore
 old identity or the new one, never a context halfway through ``load_cert_chain`` (which, on a live
 context, fails handshakes made at that moment). Its ``sni_callback``, which OpenSSL calls on every
 ClientHello, routes a connection to an SNI identity's context.
+
+Also the reloaders' fork safety: a child gets fresh locks.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from tlsreload_plugins import identity
-from tlsreload_plugins.conclude import _JUDGED_AT_FIRST_CHECK as _JUDGED_AT_FIRST_CHECK
-from tlsreload_plugins.conclude import Concluding
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
-
-# `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.reloader import X` works.
-from tlsreload_plugins.examine import FIXED_SETTINGS as FIXED_SETTINGS
-from tlsreload_plugins.examine import Examined as Examined
-from tlsreload_plugins.examine import NotJudged, examine_files, first_identity, first_verdict, new_content
-from tlsreload_plugins.examine import Recipe as Recipe
-from tlsreload_plugins.examine import build_context as build_context
-from tlsreload_plugins.examine import fixed_setting_changes as fixed_setting_changes
-from tlsreload_plugins.examine import load_identity as load_identity
+from tlsreload_plugins.examine import (
+    Examined,
+    Recipe,
+    build_context,
+    examine_files,
+    first_identity,
+    first_leaf,
+    load_identity,
+    new_content,
+)
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
 from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
-from tlsreload_plugins.outcome import Outcome as Outcome
-from tlsreload_plugins.outcome import Settling as Settling
-from tlsreload_plugins.outcome import Status as Status
-from tlsreload_plugins.outcome import warn_expiry as warn_expiry
-from tlsreload_plugins.served import Offload as Offload
-from tlsreload_plugins.served import Route as Route
-from tlsreload_plugins.served import Served as Served
-from tlsreload_plugins.served import SNICallback as SNICallback
-from tlsreload_plugins.served import T as T
-from tlsreload_plugins.served import _after_fork_in_child as _after_fork_in_child
-from tlsreload_plugins.served import _OnDemand as _OnDemand
-from tlsreload_plugins.served import _reloaders as _reloaders
-from tlsreload_plugins.settings import DEFAULT_EXPIRY_WARNING_DAYS as DEFAULT_EXPIRY_WARNING_DAYS
-from tlsreload_plugins.settings import DEFAULT_INTERVAL as DEFAULT_INTERVAL
-from tlsreload_plugins.settings import EXPIRY_WARNING_ENV as EXPIRY_WARNING_ENV
-from tlsreload_plugins.settings import INTERVAL_ENV as INTERVAL_ENV
-from tlsreload_plugins.settings import MIN_INTERVAL as MIN_INTERVAL
-from tlsreload_plugins.settings import PASSWORD_FILE_ENV as PASSWORD_FILE_ENV
-from tlsreload_plugins.settings import _number as _number
-from tlsreload_plugins.settings import resolve_expiry_warning_days as resolve_expiry_warning_days
-from tlsreload_plugins.settings import resolve_interval as resolve_interval
-from tlsreload_plugins.settings import resolve_password as resolve_password
+from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_served
+from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
+from tlsreload_plugins.outcome import Outcome, Settling, Status, warn_expiry
+from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
 
-# What a check validates with: identity.validate's contract, run where validate_apart says (a child process,
-# unless this one has loaded cryptography). Under the name the reloader always called (tests count its calls).
-from tlsreload_plugins.validation.apart import judge as validate
+# build_context and load_identity: docs/core.md documents them under this module, for start-up checks of one's own.
+__all__ = ["Offload", "Reloader", "Route", "SNICallback", "build_context", "load_identity"]
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
+SNICallback = Callable[[ssl.SSLObject, str, ssl.SSLContext], "int | None"]
+Route = Callable[["str | None"], "ssl.SSLContext | None"]
+"""Picks the context for a handshake's server name (``None``: this reloader's own); see :meth:`Reloader.set_route`."""
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], T]
+"""Runs a blocking function elsewhere and returns its result (gevent: ``hub.threadpool.apply``)."""
 
-class Reloader(Concluding):
+_reloaders: weakref.WeakSet[Reloader] = weakref.WeakSet()
+_trust_of: weakref.WeakKeyDictionary[ssl.SSLContext, bytes | None] = weakref.WeakKeyDictionary()
+"""The client-CA bytes each context a reloader created connections on was built with: a connection created on a
+context whose trust is no longer the newest one's is refused at its ClientHello (see ``Reloader._on_client_hello``)."""
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork() stays held forever in the child: give every reloader new ones.
+    for reloader in list(_reloaders):
+        reloader._lock = threading.Lock()
+        reloader._check_lock = threading.Lock()
+        demand = reloader._demand
+        if demand is not None:
+            demand.lock = threading.Lock()
+        reloader._notices = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass(slots=True)
+class _OnDemand:
+    """What an ``on_demand`` reloader needs to build its context when first asked."""
+
+    recipe_for: RecipeFor
+    validated: Snapshot | None = None
+    """The bytes the newest context is built from."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """One build at a time: a second handshake waits for the first's."""
+
+
+_JUDGED_AT_FIRST_CHECK = Examined(fingerprint=None)
+"""The known bad content of a reloader that started on its last good identity before anyone judged the files."""
+
+
+class Reloader:
     """Keeps one server :class:`ssl.SSLContext` serving whatever valid identity is on disk.
 
     ``recipe`` builds a complete server context from the files, exactly the way the server does it (ALPN,
@@ -78,8 +101,9 @@ class Reloader(Concluding):
     it, which the server must use: :attr:`context`. If the files are not usable at that point, the
     constructor raises :class:`InvalidIdentity` with one clear message. What a rebuilt context can change for
     new connections: the certificate chain and key, the client-CA store, ALPN and the cipher list. Protocol
-    bounds, verify mode and options stay those of :attr:`context` (see :data:`FIXED_SETTINGS`); a rebuilt
-    context that differs in them is logged as a warning.
+    bounds, verify mode and options stay those of :attr:`context` (see
+    :data:`~tlsreload_plugins.examine.FIXED_SETTINGS`); a rebuilt context that differs in them is logged as a
+    warning.
 
     ``on_reload(old_leaf, new_leaf)``, ``on_failure(error)`` and ``on_check(outcome, status)`` are called
     after a reload, after each newly reported failure and after every check. More can be added later with
@@ -96,7 +120,7 @@ class Reloader(Concluding):
     that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader does not keep its first
     identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
     ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again; with
-    ``judged``, the leaf its owner found ``last_good`` keeping for exactly those bytes, nor looked up again.
+    ``verdict``, the leaf its owner found ``last_good`` keeping for exactly those bytes, nor looked up again.
 
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
@@ -118,7 +142,7 @@ class Reloader(Concluding):
         last_good: LastGood | None = None,
         on_demand: RecipeFor | None = None,
         read: Snapshot | None = None,
-        judged: Leaf | None = None,
+        verdict: Leaf | None = None,
     ) -> None:
         self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
         self.recipe = recipe
@@ -140,18 +164,18 @@ class Reloader(Concluding):
 
         self._last_good = last_good
         # At most 29 attributes in all: CPython shares one key table among instances of up to 30, and an
-        # SNI server holds thousands of reloaders (330 bytes each, not 1.6 KiB).
+        # SNI server holds thousands of reloaders (a shared key table keeps each instance's dict small).
         # The context handed to the server, or what an on_demand reloader builds its contexts from.
         demand = _OnDemand(on_demand) if on_demand is not None else None
         self._origin: ssl.SSLContext | _OnDemand | None = demand
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
         # so a handshake never pairs one context with another's callback. (None, None): not built yet.
         self._serving: tuple[ssl.SSLContext | None, SNICallback | None] = (None, None)
-        if demand is not None and read is not None and judged is not None and last_good is not None:
-            snapshot, leaf, start_error = read, judged, None  # the verdict kept for them, as first_verdict takes it
+        if demand is not None and read is not None and verdict is not None and last_good is not None:
+            snapshot, leaf, start_error = read, verdict, None  # the verdict kept for them, as first_leaf takes it
             demand.validated = snapshot
         elif demand is not None:
-            snapshot, leaf, start_error = first_verdict(self.files, self.password, last_good, clock, read)
+            snapshot, leaf, start_error = first_leaf(self.files, self.password, last_good, clock, read)
             demand.validated = snapshot
         else:
             snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)
@@ -208,6 +232,13 @@ class Reloader(Concluding):
             self._on_failure.append(on_failure)
         if on_check is not None:
             self._on_check.append(on_check)
+
+    def set_route(self, route: Route | None) -> None:
+        """Consult ``route(server_name)`` first on every handshake: a context it returns serves the
+        connection instead of this reloader's newest one (``None`` to stop). It must be quick (it
+        runs inside OpenSSL's ClientHello callback) and never raise; :mod:`tlsreload_plugins.sni.identities`
+        uses it to serve several identities by server name."""
+        self._route = route
 
     # -- one check --------------------------------------------------------------------------
 
@@ -269,7 +300,7 @@ class Reloader(Concluding):
                 now,
                 served=self._fingerprint,
                 known_bad=self._known_bad,
-                judge=self._judge,
+                last_good=self._last_good,
                 live=self._live,
                 in_use=self._in_use,
             )
@@ -278,21 +309,105 @@ class Reloader(Concluding):
             error = NotServable(f"unexpected error while checking {self.files.describe()}: {type(e).__name__}: {e}")
             return Examined(fingerprint=None, error=error)
 
-    def _judge(self, snapshot: Snapshot) -> Leaf:
-        """The leaf of ``snapshot`` if it is a usable identity: the verdict another process of the server found
-        for exactly these bytes when the last good store has one (a spawn server's parent validates for its
-        workers), else the refusal kept there for them, else this process's own validation (validate_apart)."""
-        if self._last_good is not None:
-            judged, refused = self._last_good.verdict_for(snapshot)
-            if judged is not None:
-                return judged
-            if refused:  # by the keeper (a spawn server's parent): judged here, as test_footprint and test_lastgood
-                # assert (such a worker loads cryptography). Moving this apart too is left open (issue 25, part 2).
-                return identity.validate(snapshot, self.password)
-            kept = self._last_good.refusal(snapshot, self.password)
-            if kept is not None:
-                raise kept
-        return validate(snapshot, self.password)
+    def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
+        """The deciding half of :meth:`check`: what ``examined`` means for what is served and reported (swap
+        new handshakes onto the new context, report a failure once it settled and once per distinct problem, say
+        when the files are usable again, warn that the served certificate expires). No I/O: called with the state
+        lock held; what callbacks and the last good store are to do is left in ``_notices``, for after it."""
+        self._checks += 1
+        if not self._hook_in_place():
+            error = NotServable(
+                f"the server's SSL context no longer calls tlsreload's sni_callback (other code replaced it after "
+                f"start): new certificates from {self.files.certfile} cannot be served"
+            )
+            return self._fail("hook replaced", error, settle=False, level=logging.ERROR)
+        starting = self._known_bad is _JUDGED_AT_FIRST_CHECK  # then a refusal is reported at once, as at a start
+        if starting and not examined.changed_while_building:
+            self._known_bad = None
+        if examined.error is not None:
+            if examined.refused is not None and self._last_good is not None and examined is not self._known_bad:
+                # Kept for the server's other processes (a new worker takes it), once the state lock is released.
+                refusal = (self._last_good.name, examined.content_key, examined.refused)
+                self._notices.append(([self._last_good.store.refuse], refusal))
+            if examined.fingerprint is not None:
+                self._known_bad = examined
+            level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
+            key = f"{examined.fingerprint}:{examined.error}"
+            return self._fail(key, examined.error, settle and not starting, level)
+        if examined.unchanged:
+            self._succeeded(now)
+            return Outcome.UNCHANGED
+        if examined.changed_while_building or examined.context is None or examined.leaf is None:
+            log.debug("certificate files changed while being loaded; checking again")
+            return Outcome.PENDING
+        if examined.fixed_changes and examined.fixed_changes != self._fixed_warned:
+            self._fixed_warned = examined.fixed_changes
+            log.warning(
+                "the rebuilt SSL context for %s sets %s; connections keep the settings the server started with "
+                "(protocol bounds, verify mode and options are fixed at start: restart to change them)",
+                self.files.certfile,
+                ", ".join(examined.fixed_changes),
+            )
+        if self._demand is not None:
+            self._demand.validated = examined.snapshot
+        self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot)
+        if self._last_good is not None and examined.snapshot is not None:
+            # After the state lock is released: a shared store may wait for another process's write.
+            self._notices.append(([self._last_good.remember], (examined.snapshot, examined.leaf)))
+        return Outcome.RELOADED
+
+    def _swap(
+        self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float, snapshot: Snapshot | None
+    ) -> None:
+        """Make ``context`` the one new handshakes get. Established connections keep theirs."""
+        old = self._leaf
+        if self._demand is None or self._serving[0] is not None:  # on demand and not built: left unbuilt
+            self._newest_for_connections(context, snapshot)
+        self._fingerprint = observed_fingerprint
+        self._known_bad = None
+        self._leaf = leaf
+        self._reloads += 1
+        self._last_reload = now
+        self._last_expiry_warning = None
+        log.info(
+            "reloaded TLS certificate from %s: serial %s -> %s; now serving %s",
+            self.files.certfile,
+            old.serial,
+            leaf.serial,
+            leaf.describe(),
+        )
+        self._succeeded(now)
+        self._notices.append((self._on_reload, (old, leaf)))
+
+    def _succeeded(self, now: float) -> None:
+        self._last_success = now
+        if self._settling.good():
+            log.info("certificate files %s are usable again; serving %s", self.files.describe(), self._leaf.describe())
+        self._last_error = None
+        self._warn_expiry(now)
+
+    def _fail(self, key: str, error: ReloadError, settle: bool, level: int = logging.WARNING) -> Outcome:
+        outcome = self._settling.bad(key, settle)
+        if outcome is Outcome.PENDING:
+            log.debug("certificate files not usable yet (%s); checking again", error)
+        if outcome is not None:
+            return outcome
+        self._last_error = str(error)
+        self._failures += 1
+        log.log(
+            level,
+            "certificate reload failed, still serving serial %s (not after %s): %s",
+            self._leaf.serial,
+            self._leaf.not_after.isoformat(),
+            error,
+        )
+        self._notices.append((self._on_failure, (error,)))
+        return Outcome.FAILED
+
+    def _warn_expiry(self, now: float) -> None:
+        self._last_expiry_warning = warn_expiry(
+            log, self._leaf, now, self.expiry_warning_days, self._last_expiry_warning
+        )
 
     def new_content(self) -> Snapshot | None:
         """What the files hold when a check would validate it, else ``None``
@@ -305,3 +420,178 @@ class Reloader(Concluding):
                 callback(*args)
             except Exception:
                 log.exception("tlsreload callback %r raised", callback)
+
+    # -- what new handshakes get -------------------------------------------------------------
+
+    def _created_on_newest(self, live: ssl.SSLContext, snapshot: Snapshot) -> None:
+        """Have the server's context ``live`` create every new connection on the newest context, from now on.
+
+        A session is resumed from the session cache and ticket keys of the context its connection was created
+        on, and a resumed session skips certificate verification. Created on ``live`` and moved to the newest
+        context at its ClientHello, a connection would resume sessions made under any earlier client-CA
+        bundle. Created on the newest context, it resumes only sessions made on that context: a reload gives
+        new connections a new session cache and new ticket keys. ``wrap_socket`` and ``wrap_bio`` (how every
+        server creates its connections: threads, asyncio, uvloop, trio, gevent) are this instance's own; the
+        newest context keeps the settings fixed at start (:func:`~tlsreload_plugins.examine.keep_fixed_settings`).
+        """
+        _trust_of[live] = snapshot.ca
+        live.wrap_socket = self._wrap_socket  # type: ignore[method-assign]
+        live.wrap_bio = self._wrap_bio  # type: ignore[method-assign]
+
+    def _newest_for_connections(self, context: ssl.SSLContext, snapshot: Snapshot | None) -> None:
+        """Make ``context`` the one new connections are created on (called with the state lock held)."""
+        if self._live is not None and context is not self._live:
+            _trust_of[context] = snapshot.ca if snapshot is not None else _trust_of.get(self._live)
+            callback = context.sni_callback
+            context.sni_callback = self._on_client_hello
+            self._serving = (context, callback)
+        else:
+            self._serving = (context, context.sni_callback)
+
+    def _wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        newest = self._serving[0] or self.context
+        return type(newest).wrap_socket(newest, sock, *args, **kwargs)
+
+    def _wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        newest = self._serving[0] or self.context
+        return type(newest).wrap_bio(newest, incoming, outgoing, *args, **kwargs)
+
+    def _on_client_hello(self, conn: ssl.SSLObject, server_name: str, live: ssl.SSLContext) -> int | None:
+        serving, user_callback = self._serving
+        newest = serving or live
+        if newest is not live and live in _trust_of and _trust_of[live] != _trust_of.get(newest, _trust_of[live]):
+            # Created before the client-CA bundle changed: its session cache would resume sessions the new
+            # bundle may no longer trust, and moving it cannot change that. Refused; the client's next
+            # connection gets the newest context.
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
+        route = self._route
+        if route is not None:
+            newest = route(server_name) or newest
+        if newest is not live:
+            try:
+                conn.context = newest
+            except Exception as e:  # an exotic socket wrapper: keep it on the old identity
+                if not self._switch_failed_logged:
+                    self._switch_failed_logged = True
+                    log.error("cannot move a connection onto the new certificate (%s): %r", type(conn).__name__, e)
+                newest, user_callback = live, None
+        if user_callback is not None:
+            return user_callback(conn, server_name, newest)
+        return None
+
+    @property
+    def _live(self) -> ssl.SSLContext | None:
+        origin = self._origin
+        return origin if isinstance(origin, ssl.SSLContext) else None
+
+    @property
+    def _demand(self) -> _OnDemand | None:
+        origin = self._origin
+        return origin if isinstance(origin, _OnDemand) else None
+
+    def _hook_in_place(self) -> bool:
+        return self._live is None or self._live.sni_callback == self._on_client_hello
+
+    def _in_use(self, context: ssl.SSLContext) -> bool:
+        """Whether ``context``, returned by the recipe, is one this reloader already serves."""
+        return context is self._live or context is self._serving[0] or context.sni_callback == self._on_client_hello
+
+    # -- reading state ----------------------------------------------------------------------
+
+    @property
+    def leaf(self) -> Leaf:
+        """The certificate new handshakes get."""
+        return self._leaf
+
+    @property
+    def last_good(self) -> LastGood | None:
+        """Where this reloader keeps what it serves for the server's other processes, or ``None``."""
+        return self._last_good
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        """The context to hand to the server, once, for its whole life (an ``on_demand`` reloader has
+        none of its own: its :attr:`newest_context`)."""
+        return self._live if self._live is not None else self.newest_context
+
+    @property
+    def newest_context(self) -> ssl.SSLContext:
+        """The context new handshakes are moved onto (:attr:`context` until the first reload): what a
+        dispatcher of its own hands a connection, as Go's ``GetCertificate`` would. An ``on_demand``
+        reloader builds it now when it has none (a concurrent caller waits for that build).
+
+        Raises:
+            InvalidIdentity: ``on_demand`` only: the context cannot be built from the validated bytes.
+        """
+        newest = self._serving[0]
+        return newest if newest is not None else self._build_on_demand()
+
+    def _build_on_demand(self) -> ssl.SSLContext:
+        demand = self._demand
+        if demand is None:
+            raise InvalidIdentity(f"no context was built for {self.files.describe()}")
+        with demand.lock:
+            newest = self._serving[0]
+            if newest is not None:
+                return newest
+            validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
+            if validated is None:  # the files moved on, and the store with them: judge them now
+                self.check(settle=False)
+                newest = self._serving[0]
+                if newest is not None:
+                    return newest
+                validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
+            if validated is None:
+                raise InvalidIdentity(f"the files of {self.files.describe()} changed since they were validated")
+            context = context_from(validated, demand.recipe_for)
+            with self._lock:
+                if self._fingerprint == fingerprint(validated):  # else a reload came in meanwhile: build again
+                    self._serving = (context, context.sni_callback)
+            return context
+
+    def release_context(self) -> None:
+        """Forget the context an ``on_demand`` reloader built (the next :attr:`newest_context` builds it
+        again); keeps a reloader's otherwise."""
+        if self._demand is not None:
+            with self._lock:
+                self._serving = (None, None)
+
+    def forget_bytes(self) -> None:
+        """An ``on_demand`` reloader whose ``last_good`` store keeps exactly the bytes it serves drops its own
+        copy: a build reads them from the store (or from the files, while they hold them)."""
+        demand = self._demand
+        if demand is not None and self._last_good is not None:
+            with self._lock:
+                demand.validated = None
+
+    @property
+    def validated(self) -> Snapshot | None:
+        """The bytes an ``on_demand`` reloader serves (its context is built from them); ``None`` for others."""
+        return self._demand.validated if self._demand is not None else None
+
+    @property
+    def built(self) -> bool:
+        """Whether a context is built (always, but for an ``on_demand`` reloader nobody asked yet)."""
+        return self._serving[0] is not None
+
+    def status(self) -> Status:
+        """A consistent snapshot of the counters and the served certificate; never waits for a check's I/O."""
+        with self._lock:
+            return self._status()
+
+    def _status(self) -> Status:
+        return Status(
+            files=self.files,
+            interval=self.interval,
+            leaf=self._leaf,
+            last_success=self._last_success,
+            last_reload=self._last_reload,
+            last_error=self._last_error,
+            checks=self._checks,
+            reloads=self._reloads,
+            failures=self._failures,
+        )
+
+    def describe(self) -> str:
+        """One line for the start-up log: what is watched, how often, what is served."""
+        return f"watching {self.files.describe()} every {self.interval:g}s; serving {self._leaf.describe()}"

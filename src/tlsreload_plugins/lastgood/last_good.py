@@ -12,10 +12,13 @@ with the leaf its validation found. Nothing touches the disk.
 
 The store also keeps, per name, the refusal validation found for the newest content it refused (its
 message and path, for exactly those bytes and that key password: :func:`content_key`). A process that
-reads those bytes takes that refusal (:meth:`LastGood.judge`, :meth:`LastGood.refusal`) instead of
-validating them again: a gunicorn worker started while the files are broken serves the last good at
-once, reporting the refusal as any start on broken files does. Not kept: refusals for dates (time
-changes them) and a validation stopped before its verdict (:class:`~tlsreload_plugins.validation.apart.Unjudged`).
+reads those bytes takes that refusal instead of validating them again: a gunicorn worker started while
+the files are broken serves the last good at once, reporting the refusal as any start on broken files
+does. Not kept: refusals for dates (time changes them) and a validation stopped before its verdict
+(:class:`~tlsreload_plugins.validation.child.Unjudged`).
+
+:func:`verdict` answers, for every caller, what the verdict on some bytes is: the one kept for them, else
+the refusal kept for them, else validation's.
 
 * Servers that ``fork()`` their workers (gunicorn) create the store before the first fork. Every
   worker writes what it starts serving; every new worker reads it.
@@ -27,14 +30,12 @@ changes them) and a validation stopped before its verdict (:class:`~tlsreload_pl
 A context is built from the bytes through the server's own recipe, given paths to in-memory files
 (``memfd_create``, read as ``/proc/self/fd/N``; :mod:`tlsreload_plugins.lastgood.memory_files`). Where memfd is
 missing, the files go to a private directory (0700, files 0600) and are removed as soon as the context
-is built.
-
-The store itself (:class:`SharedStore`, its keeper, its table's encoding) is in
-:mod:`tlsreload_plugins.lastgood.store`; its names are importable from here too, where they were first defined.
+is built. The store itself (:class:`SharedStore`) is :mod:`tlsreload_plugins.lastgood.store`'s.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import ssl
 import threading
@@ -42,32 +43,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from tlsreload_plugins import identity
 from tlsreload_plugins.errors import InvalidIdentity
-from tlsreload_plugins.examine import NotJudged, password_digest
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
 from tlsreload_plugins.identity import Leaf, judge_period
-from tlsreload_plugins.identity import (
-    validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
-)
-from tlsreload_plugins.lastgood.memory_files import RecipeFor as RecipeFor
-from tlsreload_plugins.lastgood.memory_files import context_from as context_from
-from tlsreload_plugins.lastgood.memory_files import in_memory_files as in_memory_files
-from tlsreload_plugins.lastgood.spawned import (
-    shared_with_spawned_processes,
-)
-from tlsreload_plugins.lastgood.store import _HEADER as _HEADER
-from tlsreload_plugins.lastgood.store import ASK_WAIT as ASK_WAIT
-from tlsreload_plugins.lastgood.store import DEFAULT as DEFAULT
-from tlsreload_plugins.lastgood.store import LOCK_WAIT as LOCK_WAIT
-from tlsreload_plugins.lastgood.store import REGION_BYTES as REGION_BYTES
-from tlsreload_plugins.lastgood.store import SharedStore as SharedStore
-from tlsreload_plugins.lastgood.store import _named as _named
-
-# `X as X`: names that moved out of this module, imported back so `from ...last_good import X` works.
-from tlsreload_plugins.lastgood.table import (
-    Parts,
-)
-from tlsreload_plugins.validation.apart import apart, judge, validate_many
+from tlsreload_plugins.lastgood.memory_files import RecipeFor, in_memory_files
+from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes
+from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
+from tlsreload_plugins.validation.apart import apart, validate, validate_many
 from tlsreload_plugins.validation.child import Unjudged
 
 log = logging.getLogger("tlsreload_plugins.lastgood")
@@ -90,6 +73,22 @@ def bytes_served(files: TLSFiles, served: str, last_good: LastGood | None) -> Sn
     return snapshot if fingerprint(snapshot) == served else None
 
 
+class NotJudged(InvalidIdentity):
+    """The files hold content no process of the server has judged, and a process starting now serves its last
+    good identity at once rather than wait for a validation in a child process: its first check judges them,
+    and reports a refusal at once."""
+
+
+def password_digest(password: Password) -> str:
+    """A digest of the key password ``password`` gives now (a password file is read): what a verdict on some
+    bytes depends on beside them."""
+    try:
+        secret = password_bytes(password)
+    except Exception as e:  # an unreadable password file: that is the verdict's input too
+        return f"unreadable: {e}"
+    return hashlib.sha256(secret or b"").hexdigest()
+
+
 def content_key(snapshot: Snapshot, password: Password) -> str:
     """What a refusal kept in a :class:`SharedStore` is for: a digest of ``snapshot``'s bytes and of the key
     password ``password`` gives now (validation's verdict depends on nothing else)."""
@@ -98,8 +97,68 @@ def content_key(snapshot: Snapshot, password: Password) -> str:
 
 def shareable(error: InvalidIdentity) -> bool:
     """Whether ``error`` is validation's verdict on the bytes, which any process reading them may take: not a
-    child stopped or ended before its verdict (:class:`~tlsreload_plugins.validation.apart.Unjudged`)."""
+    child stopped or ended before its verdict (:class:`~tlsreload_plugins.validation.child.Unjudged`)."""
     return not isinstance(error, Unjudged)
+
+
+def verdict(
+    snapshot: Snapshot,
+    password: Password,
+    last_good: LastGood | None,
+    *,
+    ask: bool = True,
+    defer: bool = False,
+    keep: bool = False,
+) -> Leaf:
+    """The leaf of ``snapshot`` when it is a usable identity (its dates are not judged here): the verdict
+    ``last_good`` keeps for exactly these bytes, else the refusal it keeps for them and ``password``, else
+    validation's (:func:`~tlsreload_plugins.validation.apart.validate`: in a child process, unless this one
+    has loaded ``cryptography``). Blocking.
+
+    ``ask``: when the store keeps no verdict for these bytes and a keeper looks after it (a spawn server's
+    parent), ask the keeper to look first (up to the store's ``ASK_WAIT``); a caller judging thousands of
+    identities at once asks nobody. When the keeper looked and kept no verdict, it refused them: they are
+    validated in this process (which loads ``cryptography``), whatever refusal is kept.
+    ``defer``: when validation would start a child, no keeper answered and an identity is kept for
+    ``last_good``'s name, it is not run: a process starting now serves what is kept at once.
+    ``keep``: a refusal validation finds is kept in ``last_good`` for the server's other processes.
+
+    Raises:
+        InvalidIdentity: the bytes are not a usable identity; a :class:`NotJudged` when deferred.
+    """
+    if last_good is None:
+        return validate(snapshot, password)
+    leaf, keeper_refused = _kept_leaf(last_good, snapshot, ask)
+    if leaf is not None:
+        return leaf
+    if keeper_refused:
+        return identity.validate(snapshot, password)
+    refused = last_good.refusal(snapshot, password)
+    if refused is not None:
+        raise refused
+    if defer and apart() and last_good.store.read(last_good.name) is not None:
+        raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")
+    try:
+        return validate(snapshot, password)
+    except InvalidIdentity as e:
+        if keep and shareable(e):
+            last_good.store.refuse(last_good.name, content_key(snapshot, password), e)
+        raise
+
+
+def _kept_leaf(last_good: LastGood, snapshot: Snapshot, ask: bool) -> tuple[Leaf | None, bool]:
+    """The leaf ``last_good``'s store keeps for exactly the bytes of ``snapshot``, or ``None``; and whether a
+    keeper, asked with ``ask``, looked at the files since they hold these bytes and kept no verdict for them."""
+    parts = (snapshot.cert, snapshot.key, snapshot.ca)
+    if not ask:  # compared in place, nothing copied out of the shared memory
+        return last_good.store.verdicts_on({last_good.name: parts}).get(last_good.name), False
+    kept = last_good.store.verdict(last_good.name)
+    if kept is not None and kept[0] == parts:
+        return kept[1], False
+    if not last_good.store.ask(name=last_good.name):
+        return None, False
+    kept = last_good.store.verdict(last_good.name)
+    return (kept[1], False) if kept is not None and kept[0] == parts else (None, True)
 
 
 @dataclass(frozen=True)
@@ -109,8 +168,8 @@ class LastGood:
     Attributes:
         store: where the identity is kept.
         recipe_for: the server's recipe, aimed at other paths.
-        name: the name it is kept under: :data:`DEFAULT` for the configured identity, an SNI
-            identity's name for that identity.
+        name: the name it is kept under: :data:`~tlsreload_plugins.lastgood.store.DEFAULT` for the configured
+            identity, an SNI identity's name for that identity.
     """
 
     store: SharedStore
@@ -121,25 +180,6 @@ class LastGood:
         """Keep ``snapshot`` as the newest served identity of :attr:`name`, ``leaf`` its validation's verdict."""
         self.store.write(snapshot, self.name, leaf)
 
-    def judged(self, snapshot: Snapshot) -> Leaf | None:
-        """The leaf a validation found for exactly the bytes of ``snapshot``, when the store keeps one for
-        :attr:`name` (another process of the server validated them): no need to parse them again. When
-        the store does not, and a keeper looks after it (a spawn server's parent), the keeper is asked to
-        look first. ``None`` when nobody has found them valid. Blocking (up to :data:`ASK_WAIT`)."""
-        return self.verdict_for(snapshot)[0]
-
-    def verdict_for(self, snapshot: Snapshot) -> tuple[Leaf | None, bool]:
-        """:meth:`judged`, and whether a keeper looked at the files since they hold these bytes and kept no
-        verdict for them: it refused them (``(None, True)``). Blocking (up to :data:`ASK_WAIT`)."""
-        parts = (snapshot.cert, snapshot.key, snapshot.ca)
-        kept = self.store.verdict(self.name)
-        if kept is not None and kept[0] == parts:
-            return kept[1], False
-        if not self.store.ask(name=self.name):
-            return None, False
-        kept = self.store.verdict(self.name)
-        return (kept[1], False) if kept is not None and kept[0] == parts else (None, True)
-
     def refusal(self, snapshot: Snapshot, password: Password) -> InvalidIdentity | None:
         """The refusal validation found for exactly ``snapshot``'s bytes and ``password`` in another process of
         the server (or this one), when the store keeps it for :attr:`name`: raise it rather than parse them again."""
@@ -147,41 +187,9 @@ class LastGood:
             return None
         return self.store.refusal(self.name, content_key(snapshot, password))
 
-    def judge(self, snapshot: Snapshot, password: Password, *, defer: bool = False) -> Leaf:
-        """The leaf of ``snapshot``: the verdict kept for exactly these bytes (:meth:`judged`), else the refusal
-        kept for them (:meth:`refusal`), else validation's (:func:`~tlsreload_plugins.validation.apart.judge`),
-        whose refusal is then kept for the server's other processes. With ``defer``, when that validation would
-        start a child, no keeper answered and an identity is kept for :attr:`name`, it is not run: a process
-        starting now serves what is kept at once. Blocking.
-
-        Raises:
-            InvalidIdentity: the bytes are not a usable identity (dates not judged); a
-                :class:`~tlsreload_plugins.examine.NotJudged` when deferred.
-        """
-        leaf, keeper_refused = self.verdict_for(snapshot)
-        if leaf is not None:
-            return leaf
-        refused = self.refusal(snapshot, password)
-        if refused is not None:
-            raise refused
-        if defer and not keeper_refused and apart() and self.store.read(self.name) is not None:
-            raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")
-        try:
-            return judge(snapshot, password)
-        except InvalidIdentity as e:
-            if shareable(e):
-                self.store.refuse(self.name, content_key(snapshot, password), e)
-            raise
-
-    def kept(self, snapshot: Snapshot) -> tuple[Parts, Leaf] | None:
-        """The bytes kept for :attr:`name` and their verdict when they are exactly ``snapshot``'s, without
-        asking a keeper (a caller judging thousands of identities asks nobody for each); else ``None``."""
-        parts = (snapshot.cert, snapshot.key, snapshot.ca)
-        leaf = self.store.verdicts_on({self.name: parts}).get(self.name)  # compared in place: equal to snapshot's
-        return None if leaf is None else (parts, leaf)
-
-    def recall_verdict(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf]:
-        """:meth:`recall` without building a context: the kept identity (carrying ``files``) and its leaf.
+    def recall(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf]:
+        """The kept identity, carrying ``files`` (its bytes are the kept ones, so a reloader compares what is
+        on disk with what it serves as usual), and its leaf (:func:`verdict`), its dates judged at ``now``.
 
         Raises:
             InvalidIdentity: nothing is kept, or what is kept is no longer usable (expired, say).
@@ -190,7 +198,7 @@ class LastGood:
         if parts is None:
             raise InvalidIdentity("no certificate was served by this server before")
         snapshot = Snapshot(files, *parts)
-        leaf = self.judged(snapshot) or judge(snapshot, password)
+        leaf = verdict(snapshot, password, self)
         try:
             judge_period(leaf, files, datetime.fromtimestamp(now, timezone.utc))
         except InvalidIdentity:
@@ -200,22 +208,17 @@ class LastGood:
             ) from None
         return snapshot, leaf
 
-    def recall(self, files: TLSFiles, password: Password, now: float) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
-        """Validate the kept identity again, judge its dates at ``now``, and build a context from it.
-
-        The snapshot returned carries the configured ``files`` (its bytes are the kept ones), so a
-        reloader compares what is on disk with what it serves as usual.
+    def context(self, snapshot: Snapshot) -> ssl.SSLContext:
+        """A context built by :attr:`recipe_for` from the kept identity ``snapshot`` (:meth:`recall`).
 
         Raises:
-            InvalidIdentity: nothing is kept, or what is kept is no longer usable (expired, say).
+            InvalidIdentity: the recipe refused it.
         """
-        snapshot, leaf = self.recall_verdict(files, password, now)
         with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
             try:
-                context = self.recipe_for(paths)
+                return self.recipe_for(paths)
             except Exception as e:
                 raise InvalidIdentity(f"the last good certificate could not be loaded: {type(e).__name__}: {e}") from e
-        return snapshot, leaf, context
 
 
 def keep_newest_valid(

@@ -46,8 +46,7 @@ from tlsreload_plugins.lastgood.last_good import LastGood
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.outcome import Outcome, Status
-from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.served import Offload
+from tlsreload_plugins.reloader import Offload, Reloader
 from tlsreload_plugins.settings import resolve_interval
 from tlsreload_plugins.sni.ahead import read_ahead
 from tlsreload_plugins.sni.contexts import ContextCache
@@ -370,7 +369,7 @@ class SNIIdentities:
                 last_good=LastGood(self.store, self.recipe_for, name) if self.store is not None else None,
                 on_demand=self.recipe_for,
                 read=self._read_ahead.pop(name, None),
-                judged=self._kept_ahead.get(name),
+                verdict=self._kept_ahead.get(name),
             )
         except (InvalidIdentity, TypeError) as e:
             reason = str(e)

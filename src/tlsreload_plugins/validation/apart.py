@@ -1,16 +1,15 @@
 """Where identities are validated: in a short-lived child process, so that a serving process never loads
 ``cryptography``; or in this process.
 
-Parsing a certificate chain and a key takes ``cryptography``, and importing it costs a process about 10.5 MiB
-(PSS; its Rust extension alone is 7.9 MiB), kept until the process exits, although a server validates only when
-its files change. So a serving process hands the bytes to a child (:mod:`tlsreload_plugins.validation.child`), which
-runs :func:`~tlsreload_plugins.identity.validate` on each identity and exits. The verdicts are ``validate``'s own:
-a :class:`~tlsreload_plugins.identity.Leaf`, or an :class:`~tlsreload_plugins.errors.InvalidIdentity` with the
-same message and path.
+Parsing a certificate chain and a key takes ``cryptography``, whose import costs a process memory it keeps
+until it exits, although a server validates only when its files change. So a serving process hands the bytes to
+a child (:mod:`tlsreload_plugins.validation.child`), which runs :func:`~tlsreload_plugins.identity.validate` on
+each identity and exits. The verdicts are ``identity.validate``'s own: a :class:`~tlsreload_plugins.identity.Leaf`,
+or an :class:`~tlsreload_plugins.errors.InvalidIdentity` with the same message and path.
 
 * :func:`validate_many` judges any number of identities with one child, or thousands (SNI discovery at start)
-  with one child per CPU at once; :func:`judge` is ``validate``'s contract for one; :func:`prejudged` judges a
-  batch ahead of the checks that will ask for those verdicts one by one.
+  with one child per CPU at once; :func:`validate` is ``identity.validate``'s contract for one;
+  :func:`prejudged` judges a batch ahead of the checks that will ask for those verdicts one by one.
 * Where: in a child, unless this process has loaded cryptography's bindings already (tests, ``tlsreload
   check``, the demo: the memory is spent, and a child would only cost time). ``$TLSRELOAD_VALIDATE``
   (:data:`VALIDATE_ENV`) = ``process`` or ``inline`` forces either. A direct call of ``identity.validate``
@@ -22,8 +21,8 @@ same message and path.
   refusal (or one for a child that ended without a verdict) is an :class:`Unjudged`: not a verdict on the bytes
   that the server's other processes may take from the last good store.
 
-Cost: a child takes 0.2 to 0.3 s and as much CPU to start and import ``cryptography`` (a loaded 2-core
-machine), then milliseconds per identity. Blocking: call it where a check runs, never on an event loop.
+A child costs the time and CPU of starting Python and importing ``cryptography``, then little per identity
+(docs/benchmarks.md has the figures). Blocking: call it where a check runs, never on an event loop.
 """
 
 from __future__ import annotations
@@ -37,19 +36,14 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from tlsreload_plugins import identity
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, password_bytes
-from tlsreload_plugins.identity import Leaf, validate
-from tlsreload_plugins.validation.child import (
-    ChildUnavailable,
-    Unjudged,
-    Verdict,
-    _original,
-    unforeseen,
-    validate_in_child,
-)
+from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.validation.child import ChildUnavailable, Unjudged, Verdict, unforeseen, validate_in_child
+from tlsreload_plugins.validation.process import original
 
-__all__ = ["PER_CHILD", "VALIDATE_ENV", "Unjudged", "apart", "judge", "prejudged", "validate_many"]
+__all__ = ["PER_CHILD", "VALIDATE_ENV", "Unjudged", "apart", "prejudged", "validate", "validate_many"]
 
 log = logging.getLogger("tlsreload_plugins.validate_apart")
 
@@ -60,8 +54,8 @@ process has loaded cryptography's bindings already."""
 _BINDINGS = "cryptography.hazmat.bindings._rust"
 
 PER_CHILD = 500
-"""The fewest identities :func:`validate_many` gives each child when it splits a batch: a child costs 0.2 to 0.3 s
-of CPU to start (importing ``cryptography``), about what validating 700 EC identities costs."""
+"""The fewest identities :func:`validate_many` gives each child when it splits a batch: starting a child (importing
+``cryptography``) costs about as much CPU as validating some hundreds of identities."""
 
 _lock = threading.Lock()
 _fallback: str | None = None
@@ -89,7 +83,7 @@ def apart() -> bool:
     return _BINDINGS not in sys.modules
 
 
-def judge(snapshot: Snapshot, password: Password = None) -> Leaf:
+def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
     """:func:`~tlsreload_plugins.identity.validate`, run where :func:`apart` says (a verdict a :func:`prejudged`
     block found for exactly these bytes and password is taken as it is).
 
@@ -100,7 +94,7 @@ def judge(snapshot: Snapshot, password: Password = None) -> Leaf:
     verdict = _prejudged(snapshot, password)
     if verdict is None:
         if not apart():
-            return validate(snapshot, password)
+            return identity.validate(snapshot, password)
         verdict = validate_many([(snapshot, password)])[0]
     if isinstance(verdict, InvalidIdentity):
         raise type(verdict)(str(verdict), path=verdict.path)  # Unjudged stays Unjudged
@@ -136,7 +130,7 @@ def _at_once(work: Sequence[Callable[[], list[Verdict]]]) -> list[list[Verdict]]
     """What each of ``work`` returns, the first run in this thread and each other in a native thread of its own
     (started and joined with the functions gevent's monkey-patching left alone: checks call this from native
     threads, gevent's threadpool included, and a gunicorn arbiter before it forks: no thread outlives it)."""
-    start, allocate_lock = _original("_thread", "start_new_thread"), _original("_thread", "allocate_lock")
+    start, allocate_lock = original("_thread", "start_new_thread"), original("_thread", "allocate_lock")
     results: list[list[Verdict] | BaseException | None] = [None] * len(work)
     ended = [allocate_lock() for _ in work[1:]]
 
@@ -179,7 +173,7 @@ def _in_a_child(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
 
 def _inline(snapshot: Snapshot, password: Password) -> Verdict:
     try:
-        return validate(snapshot, password)
+        return identity.validate(snapshot, password)
     except InvalidIdentity as e:
         return e
     except Exception as e:  # validate lets nothing else escape: a bug, reported as the child reports it
@@ -190,7 +184,7 @@ def _inline(snapshot: Snapshot, password: Password) -> Verdict:
 def prejudged(
     items: Sequence[tuple[Snapshot, Password]], run: Callable[[Callable[[], Any]], Any] | None = None
 ) -> Iterator[None]:
-    """Judge ``items`` now, in one child (:func:`validate_many`), and let :func:`judge` take those verdicts, from
+    """Judge ``items`` now, in one child (:func:`validate_many`), and let :func:`validate` take those verdicts, from
     any thread, until the block ends: for a caller about to check many identities one by one. ``run(work)``
     runs the validation elsewhere (gevent's threadpool ``apply``: off the hub). Does nothing when validation
     runs in this process (each is judged when asked, if at all)."""

@@ -10,15 +10,14 @@ The child imports ``cryptography``, answers ``{"ready": true}``, then one JSON l
 ``["leaf", ...]`` or ``["invalid", message, path]``. It leaves at the end of its input. Nothing it writes is
 unpickled or executed.
 
-A batch of 10,000 identities cost the parent about 0.9 s of CPU when each identity had its own JSON header,
-writes and ``json.loads``, and the parent woke for each page of the pipe the child read and every 5 ms for
-verdicts. Now a group has one header and one write, the pipe is written to when the child has taken something
-(:data:`FEED_PAUSE`), verdicts gather longer (:data:`BATCH_PAUSE`) and one read's are one ``json.loads``.
+The parent's CPU goes to waking and parsing, so it does little of either per identity: a group has one header
+and one write, the pipe is written to when the child has taken something (:data:`FEED_PAUSE`), verdicts gather
+a while (:data:`BATCH_PAUSE`) and one read's are one ``json.loads``.
 
-BOOT imports this module without the package's ``__init__`` (which imports the whole core: 0.14 s of the
-child's 0.3 s start on a loaded 2-core machine, measured), from the directory this file is in, so the child
-runs exactly the parent's code; ``-I -S`` skip ``site`` and the environment's ``PYTHON*`` settings, and the
-parent's ``sys.path`` finds ``cryptography`` where the parent would.
+BOOT imports this module without the package's ``__init__`` (which imports the whole core, a good part of the
+child's start), from the directory this file is in, so the child runs exactly the parent's code; ``-I -S``
+skip ``site`` and the environment's ``PYTHON*`` settings, and the parent's ``sys.path`` finds ``cryptography``
+where the parent would.
 
 Deadlines: :data:`START_WAIT` for the child to be ready, then :data:`ITEM_WAIT` between two verdicts; a child
 past either is killed (``SIGKILL``) and reaped. The reap tolerates a child someone else reaped (a server's or
@@ -42,13 +41,13 @@ from typing import Any, BinaryIO
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles
 from tlsreload_plugins.identity import Leaf, validate
-from tlsreload_plugins.validation import process as child_process
+from tlsreload_plugins.validation.process import above_stdio, ended, frames, inherited, original, select_flag, widen
 
 __all__ = ["ITEM_WAIT", "START_WAIT", "ChildUnavailable", "Verdict", "serve", "unforeseen", "validate_in_child"]
 
 START_WAIT = 30.0
-"""Seconds a child may take to start and import ``cryptography`` (0.2 to 0.3 s on a loaded 2-core machine)
-before it is given up on."""
+"""Seconds a child may take to start and import ``cryptography`` (far less, even on a loaded machine) before it is
+given up on."""
 
 ITEM_WAIT = 10.0
 """Seconds a child may take over one identity (milliseconds: validation is linear in the files' size) before it
@@ -58,7 +57,7 @@ BATCH_PAUSE = 0.05
 """The most seconds the parent waits after reading verdicts of a batch not yet complete, so that it reads many at
 once (the child writes each as soon as it has it, so that a stall is charged to the identity that caused it): a
 millisecond per identity still to judge (about what one costs the child), so the end of a batch is not waited
-past. Waking every 5 ms cost a gunicorn arbiter about half a second of CPU over 10,000 identities."""
+past, nor is the parent woken for every verdict."""
 
 FEED_PAUSE = 0.02
 """Seconds the parent waits, when the child's pipe is full and no verdict came meanwhile, before it writes to it
@@ -71,13 +70,6 @@ parent writes a group or more while the child imports ``cryptography``, and wake
 
 Verdict = Leaf | InvalidIdentity
 """What validation finds for one identity."""
-
-# Moved to child_process, under the names they had here (validate_apart imports _original from this module).
-_original = child_process.original
-_above_stdio = child_process.above_stdio
-_inherited = child_process.inherited
-_select_flag = child_process.select_flag
-_ended = child_process.ended
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tlsreload_plugins/, above validation/
 _BOOT = (
@@ -127,15 +119,15 @@ def validate_in_child(
     argv = list(command) if command is not None else [sys.executable, "-I", "-S", "-c", _BOOT, _PACKAGE]
     if not argv[0]:
         raise ChildUnavailable("this Python does not know its own executable (sys.executable is empty)")
-    spawn = _original("os", "posix_spawn") if hasattr(os, "posix_spawn") else None
+    spawn = original("os", "posix_spawn") if hasattr(os, "posix_spawn") else None
     if spawn is None:
         raise ChildUnavailable("os.posix_spawn is not available here")
-    fds = [_above_stdio(fd) for pair in (os.pipe(), os.pipe(), os.pipe()) for fd in pair]
+    fds = [above_stdio(fd) for pair in (os.pipe(), os.pipe(), os.pipe()) for fd in pair]
     into_child, to_child, from_child, out_of_child, errors, errors_of_child = fds
     actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, into_child, 0), (os.POSIX_SPAWN_DUP2, out_of_child, 1)]
     actions.append((os.POSIX_SPAWN_DUP2, errors_of_child, 2))
-    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited()]
-    close = _original("os", "close")
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in inherited()]
+    close = original("os", "close")
     try:
         pid = spawn(argv[0], argv, dict(os.environ), file_actions=actions, setsigmask=())
     except OSError as e:
@@ -144,8 +136,8 @@ def validate_in_child(
         raise ChildUnavailable(f"cannot start {argv[0]}: {e}") from e
     for fd in (into_child, out_of_child, errors_of_child):
         close(fd)
-    child_process.widen(to_child, _PIPE_BYTES)
-    talk = _Talk(pid, to_child, from_child, errors, child_process.frames(items, sys.path), len(items))
+    widen(to_child, _PIPE_BYTES)
+    talk = _Talk(pid, to_child, from_child, errors, frames(items, sys.path), len(items))
     try:
         return talk.run(items, start_wait, item_wait)
     except BaseException:  # a signal handler's exception, say: the child is not left behind
@@ -174,13 +166,13 @@ class _Talk:
 
     def run(self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float) -> list[Verdict]:
         os.set_blocking(self.to_child, False)
-        poller = _original("select", "poll")()
+        poller = original("select", "poll")()
         for fd in (self.from_child, self.errors):
-            poller.register(fd, _select_flag("POLLIN"))
+            poller.register(fd, select_flag("POLLIN"))
         deadline = time.monotonic() + start_wait
-        ended, feeding, feed_at = False, True, 0.0
-        pause = _original("time", "sleep")
-        while len(self.verdicts) < self.count and not ended:
+        gone, feeding, feed_at = False, True, 0.0
+        pause = original("time", "sleep")
+        while len(self.verdicts) < self.count and not gone:
             now = time.monotonic()
             if feeding and now >= feed_at:  # the pipe is written to when due, not woken for at each page it frees
                 feeding, feed_at = self._feed(), now + FEED_PAUSE
@@ -194,7 +186,7 @@ class _Talk:
                     poller.unregister(fd)
                 elif fd == self.from_child:
                     before = len(self.verdicts), self.ready
-                    ended = not self._read()
+                    gone = not self._read()
                     if (len(self.verdicts), self.ready) != before:
                         deadline, feed_at = time.monotonic() + item_wait, 0.0  # it took what it judged: write more
                         if self.ready and 0 < len(self.verdicts) < self.count:
@@ -202,13 +194,13 @@ class _Talk:
         if len(self.verdicts) == self.count:
             self.reap(kill=False)
             return self.verdicts
-        how = self.reap(kill=not ended)
+        how = self.reap(kill=not gone)
         detail = self._stderr_tail()
         if not self.ready:
-            why = how if ended else f"took longer than {start_wait:g} s"
+            why = how if gone else f"took longer than {start_wait:g} s"
             raise ChildUnavailable(f"{sys.executable} did not start validating ({why}){detail}")
         files = items[len(self.verdicts)][0].files
-        if ended:
+        if gone:
             reason = f"the process validating {files.describe()} ended without a verdict ({how}){detail}"
         else:
             reason = f"validating {files.describe()} took longer than {item_wait:g} s: stopped (is a file hostile?)"
@@ -274,12 +266,12 @@ class _Talk:
         return f": {text[-1]}" if text else ""
 
     def _close(self, fd: int) -> None:
-        _original("os", "close")(fd)
+        original("os", "close")(fd)
         self.closed.add(fd)
 
     def reap(self, kill: bool) -> str:
         """Wait for the child to end (killing it first with ``kill``, or when it lingers); how it ended."""
-        waitpid, sleep = _original("os", "waitpid"), _original("time", "sleep")
+        waitpid, sleep = original("os", "waitpid"), original("time", "sleep")
         if self.to_child not in self.closed:
             self._close(self.to_child)  # end of input: a child waiting for more leaves
         deadline = time.monotonic() + 2.0
@@ -294,7 +286,7 @@ class _Talk:
                 return "it ended"
             if pid:
                 self.reaped = True
-                return _ended(status)
+                return ended(status)
             kill = time.monotonic() > deadline
             sleep(0.002)
 

@@ -3,8 +3,7 @@
 The reading half of :mod:`tlsreload_plugins.identity`: every check of every process runs it, so it
 imports nothing that parses (no ``cryptography``: a worker whose files its server's parent has
 already validated loads none, see :mod:`tlsreload_plugins.lastgood.last_good`). A file is read whole, at most
-:data:`MAX_FILE_BYTES`, and only when it is a regular file. (These names are also importable from
-:mod:`tlsreload_plugins.identity`, where they were first defined.)
+:data:`MAX_FILE_BYTES`, and only when it is a regular file.
 """
 
 from __future__ import annotations

@@ -17,9 +17,6 @@ from collections.abc import Callable
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
-from tlsreload_plugins.identity import (
-    validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
-)
 from tlsreload_plugins.validation.apart import judge
 from tlsreload_plugins.watch.options import UsageError
 

@@ -225,7 +225,7 @@ def main(args: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # Run the importable module, not this __main__ copy: the workers unpickle the Config by the
-    # name tlsreload_plugins.hypercorn.ReloadingConfig.
-    from tlsreload_plugins.hypercorn import main as _main
+    # name of the importable module's ReloadingConfig.
+    from tlsreload_plugins.servers.hypercorn import main as _main
 
     _main()

@@ -21,7 +21,7 @@ from tlsreload_plugins.outcome import Outcome
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.served import Offload
 
-if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio (about 2 MiB)
+if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio
     import asyncio
 
 log = logging.getLogger("tlsreload_plugins.drivers")

@@ -104,8 +104,9 @@ def _read(path: str, role: str) -> bytes:
             )
         chunks = []
         size = 0
-        # The size it stats and a byte more, not MAX_FILE_BYTES: a 1 MiB buffer per read costs glibc an mmap and an
-        # mremap (a server reads 10,000 identities at start), and its shrunk remains stay mapped while kept.
+        # The size it stats and a byte more, not MAX_FILE_BYTES: a buffer that large costs glibc an mmap and an
+        # mremap per read (a server with many SNI identities reads them all at start), and its shrunk remains
+        # stay mapped while kept.
         want = info.st_size + 1
         while size <= MAX_FILE_BYTES:  # the file may grow while it is read
             request = min(want, MAX_FILE_BYTES + 1 - size)

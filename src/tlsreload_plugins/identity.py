@@ -111,7 +111,7 @@ def _key_block(data: bytes) -> bytes | None:
     """The first complete PEM private-key block, found in time linear in ``len(data)``.
 
     (A regular expression with a lazy ``.*?`` to the matching END line takes quadratic time on a
-    file of many BEGIN lines with no END: 7 s for 112 KB, with the GIL held.)
+    file of many BEGIN lines with no END, with the GIL held.)
     """
     no_end: set[bytes] = set()
     for begin in _KEY_BEGIN.finditer(data):
@@ -147,8 +147,8 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
     from cryptography.hazmat.primitives import serialization
 
     secret = password_bytes(password)
-    # cryptography's RSA consistency check holds the GIL for ~30 ms (RSA 2048) to ~210 ms (RSA 4096),
-    # stalling every handshake in the worker during a reload. Whether the key belongs to the certificate
+    # cryptography's RSA consistency check holds the GIL for tens to hundreds of milliseconds, stalling
+    # every handshake in the worker during a reload. Whether the key belongs to the certificate
     # is still checked below (public keys) and by OpenSSL when the context is built.
     load = functools.partial(serialization.load_pem_private_key, unsafe_skip_rsa_key_validation=True)
     try:

@@ -29,7 +29,7 @@ from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES
-from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve

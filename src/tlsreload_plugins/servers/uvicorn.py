@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.serving import lifespan as lifespan
-from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving import lifespan, logs
 from tlsreload_plugins.serving.configured import (
     check_config_at_start,
     config_recipes,

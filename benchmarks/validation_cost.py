@@ -30,7 +30,8 @@ import benchkit as kit
 
 IN_PROCESS = """
 import sys, time
-from tlsreload_plugins.identity import Snapshot, TLSFiles, validate
+from tlsreload_plugins.files import Snapshot, TLSFiles
+from tlsreload_plugins.identity import validate
 cert, key = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
 snapshot = Snapshot(TLSFiles(sys.argv[1], sys.argv[2]), cert, key, None)
 times = []

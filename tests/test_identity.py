@@ -244,7 +244,8 @@ def test_unreadable_file(tls_dir: Dir) -> None:
     tls_dir.key.chmod(0)
     probe = (
         "import sys\n"
-        "from tlsreload_plugins.identity import InvalidIdentity, TLSFiles, read_files\n"
+        "from tlsreload_plugins.errors import InvalidIdentity\n"
+        "from tlsreload_plugins.files import TLSFiles, read_files\n"
         "try:\n"
         "    read_files(TLSFiles(sys.argv[1], sys.argv[2]))\n"
         "except InvalidIdentity as e:\n"

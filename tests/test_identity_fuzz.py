@@ -433,7 +433,9 @@ def test_a_certificate_that_fails_when_touched_is_invalid_identity(case: str) ->
 
 CHILD = r"""
 import json, sys, time
-from tlsreload_plugins.identity import InvalidIdentity, Snapshot, TLSFiles, validate
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Snapshot, TLSFiles
+from tlsreload_plugins.identity import validate
 
 job = json.load(sys.stdin)
 chain = job["chain"].encode()

@@ -16,8 +16,8 @@ server's context, hand :attr:`Reloader.context` to the server, and drive checks 
     with ThreadDriver(reloader):
         server.serve_forever()
 
-The adapters live in :mod:`tlsreload_plugins.gunicorn`, :mod:`tlsreload_plugins.uvicorn` and
-:mod:`tlsreload_plugins.hypercorn`.
+The adapters, one per server, live in :mod:`tlsreload_plugins.gunicorn`, :mod:`tlsreload_plugins.uvicorn`,
+:mod:`tlsreload_plugins.hypercorn` and the other ``tlsreload_plugins.<server>`` modules.
 """
 
 from tlsreload_plugins.drivers import AsyncioDriver, ThreadDriver

@@ -1,6 +1,6 @@
 """The ``tlsreload`` command: ``check`` a certificate/key pair, or run the ``demo``.
 
-``tlsreload check`` decides exactly as a running reloader does (:func:`~tlsreload_plugins.identity.read_files`,
+``tlsreload check`` decides exactly as a running reloader does (:func:`~tlsreload_plugins.files.read_files`,
 :func:`~tlsreload_plugins.identity.validate`, then a real server context built by OpenSSL), so it can gate a
 certbot deploy hook, a cert-manager workflow or a Kubernetes probe. Exit status:
 
@@ -47,7 +47,7 @@ class Verdict:
 
 def read_password_file(path: str) -> bytes:
     """The key password stored in ``path``: its first line, without the line ending, exactly as the
-    servers read ``$TLSRELOAD_KEY_PASSWORD_FILE`` (:func:`~tlsreload_plugins.identity.password_file`)."""
+    servers read ``$TLSRELOAD_KEY_PASSWORD_FILE`` (:func:`~tlsreload_plugins.files.password_file`)."""
     return password_file(path)()
 
 

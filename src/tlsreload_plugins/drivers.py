@@ -20,7 +20,7 @@ from tlsreload_plugins.examine import Examined
 from tlsreload_plugins.outcome import Outcome
 from tlsreload_plugins.reloader import Offload, Reloader
 
-if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio (about 2 MiB)
+if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio
     import asyncio
 
 log = logging.getLogger("tlsreload_plugins.drivers")

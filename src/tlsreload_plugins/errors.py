@@ -2,8 +2,7 @@
 kinds, :class:`InvalidIdentity` (the files) and :class:`NotServable` (the server's set-up).
 
 Their own module so that reading the files (:mod:`tlsreload_plugins.files`) and judging them
-(:mod:`tlsreload_plugins.identity`) raise the same ones. (They are also importable from
-:mod:`tlsreload_plugins.identity`, where they were first defined, and from the package.)
+(:mod:`tlsreload_plugins.identity`) raise the same ones; the package exports them too.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 The reading half of :mod:`tlsreload_plugins.identity`: every check of every process runs it, so it
 imports nothing that parses (no ``cryptography``: a worker whose files its server's parent has
 already validated loads none, see :mod:`tlsreload_plugins.lastgood.last_good`). A file is read whole, at most
-:data:`MAX_FILE_BYTES`, and only when it is a regular file. (These names are also importable from
-:mod:`tlsreload_plugins.identity`, where they were first defined.)
+:data:`MAX_FILE_BYTES`, and only when it is a regular file.
 """
 
 from __future__ import annotations
@@ -105,8 +104,9 @@ def _read(path: str, role: str) -> bytes:
             )
         chunks = []
         size = 0
-        # The size it stats and a byte more, not MAX_FILE_BYTES: a 1 MiB buffer per read costs glibc an mmap and an
-        # mremap (a server reads 10,000 identities at start), and its shrunk remains stay mapped while kept.
+        # The size it stats and a byte more, not MAX_FILE_BYTES: a buffer that large costs glibc an mmap and an
+        # mremap per read (a server with many SNI identities reads them all at start), and its shrunk remains
+        # stay mapped while kept.
         want = info.st_size + 1
         while size <= MAX_FILE_BYTES:  # the file may grow while it is read
             request = min(want, MAX_FILE_BYTES + 1 - size)

@@ -20,10 +20,10 @@ import ssl
 from collections.abc import Iterable
 from types import TracebackType
 
-from tlsreload_plugins import identity
 from tlsreload_plugins import metrics as prometheus
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import TLSFiles
+from tlsreload_plugins.files import password_file as password_in_file
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Status
 from tlsreload_plugins.reloader import Reloader
@@ -152,7 +152,7 @@ def fresh_context(
             server.serve_forever()
     """
     export_metrics = prometheus.wanted(metrics)  # a bad setting fails before anything is read
-    password = resolve_password(identity.password_file(password_file) if password_file else None)
+    password = resolve_password(password_in_file(password_file) if password_file else None)
 
     def default_recipe(files: TLSFiles) -> ssl.SSLContext:  # a client-CA bundle given to a server: mutual TLS
         return server_context(files, password, verify_mode=ssl.CERT_REQUIRED if files.ca_certs else None)

@@ -4,14 +4,13 @@ identity, and describe the leaf certificate.
 Nothing here knows about a server. Every function is plain code over bytes so that the
 decision "is what is on disk now usable?" can be tested without a socket. Reading and
 fingerprinting the files are in :mod:`tlsreload_plugins.files`, the exceptions in
-:mod:`tlsreload_plugins.errors`; their names are importable from here too, where they were first
-defined.
+:mod:`tlsreload_plugins.errors`.
 
 ``cryptography`` is imported by the functions that parse, when first called: reading and
 fingerprinting need none of it. A serving process does not call them itself: the reloader validates
 through :mod:`tlsreload_plugins.validation.apart`, which runs :func:`validate` in a short-lived child
-process, so that the server never loads ``cryptography`` (about 10.5 MiB). A direct call of
-:func:`validate` runs in the calling process.
+process, so that the server never loads ``cryptography``. A direct call of :func:`validate` runs in
+the calling process.
 """
 
 from __future__ import annotations
@@ -24,22 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-# `X as X`: names that moved out of this module, imported back so `from tlsreload_plugins.identity import X` works.
-from tlsreload_plugins.errors import InvalidIdentity as InvalidIdentity
-from tlsreload_plugins.errors import NotServable as NotServable
-from tlsreload_plugins.errors import ReloadError as ReloadError
-from tlsreload_plugins.files import _KINDS as _KINDS
-from tlsreload_plugins.files import MAX_FILE_BYTES as MAX_FILE_BYTES
-from tlsreload_plugins.files import Password as Password
-from tlsreload_plugins.files import Snapshot as Snapshot
-from tlsreload_plugins.files import TLSFiles as TLSFiles
-from tlsreload_plugins.files import _read as _read
-from tlsreload_plugins.files import _refuse_unless_regular as _refuse_unless_regular
-from tlsreload_plugins.files import fingerprint as fingerprint
-from tlsreload_plugins.files import password_bytes as password_bytes
-from tlsreload_plugins.files import password_file as password_file
-from tlsreload_plugins.files import password_text as password_text
-from tlsreload_plugins.files import read_files as read_files
+from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, password_bytes
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -126,7 +111,7 @@ def _key_block(data: bytes) -> bytes | None:
     """The first complete PEM private-key block, found in time linear in ``len(data)``.
 
     (A regular expression with a lazy ``.*?`` to the matching END line takes quadratic time on a
-    file of many BEGIN lines with no END: 7 s for 112 KB, with the GIL held.)
+    file of many BEGIN lines with no END, with the GIL held.)
     """
     no_end: set[bytes] = set()
     for begin in _KEY_BEGIN.finditer(data):
@@ -162,8 +147,8 @@ def _load_key(data: bytes, path: str, password: Password) -> PrivateKeyTypes:
     from cryptography.hazmat.primitives import serialization
 
     secret = password_bytes(password)
-    # cryptography's RSA consistency check holds the GIL for ~30 ms (RSA 2048) to ~210 ms (RSA 4096),
-    # stalling every handshake in the worker during a reload. Whether the key belongs to the certificate
+    # cryptography's RSA consistency check holds the GIL for tens to hundreds of milliseconds, stalling
+    # every handshake in the worker during a reload. Whether the key belongs to the certificate
     # is still checked below (public keys) and by OpenSSL when the context is built.
     load = functools.partial(serialization.load_pem_private_key, unsafe_skip_rsa_key_validation=True)
     try:

@@ -3,7 +3,7 @@
 Off unless asked for: the adapters export metrics only with ``TLSRELOAD_METRICS=1`` (or their own
 setting: ``tls_metrics = True`` in a gunicorn configuration, ``--tls-metrics`` on the drop-in
 commands, ``metrics=True`` in the Python APIs), so that a server that scrapes nothing does not
-import ``prometheus_client`` (about 13 MiB per worker process) at all.
+import ``prometheus_client`` at all.
 
 :func:`observe` registers callbacks on a reloader that keep these up to date, each labelled with
 ``certfile`` (the certificate path as configured) and ``identity`` (``default`` for the configured
@@ -24,11 +24,8 @@ SNI identities (:mod:`tlsreload_plugins.sni.identities`) have these series each 
 ``tlsreload_sni_soonest_not_after_timestamp_seconds{identity}``.
 
 Under gunicorn (several worker processes) set ``PROMETHEUS_MULTIPROC_DIR`` as prometheus_client
-documents: counters are then summed over all workers, dead ones included, and both gauges report
-the minimum over live workers (``livemin``): the oldest certificate still served anywhere and the
-worker that has gone longest without a good check, which is what an alert needs to see. A worker
-that exits must be marked dead (``prometheus_client.multiprocess.mark_process_dead`` in gunicorn's
-``child_exit`` hook), or its last gauge values linger.
+documents: counters are summed over all workers and both gauges report the minimum over live workers
+(``livemin``); docs/metrics.md says how to mark exited workers dead.
 
 Without ``prometheus_client`` installed, :func:`observe` does nothing and returns ``False``.
 """

@@ -2,8 +2,7 @@
 as an argument, else read from its environment variable, else its default.
 
 :class:`~tlsreload_plugins.reloader.Reloader` resolves its settings here, and so do the adapters,
-so that every server reads the same variables the same way. (These names are also importable from
-:mod:`tlsreload_plugins.reloader`, where they were first defined.)
+so that every server reads the same variables the same way.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import os
 from tlsreload_plugins.files import Password, password_file
 
 DEFAULT_INTERVAL = 1.0
-"""Seconds between checks. An unchanged check reads two small files and hashes them (about 12
-microseconds, see docs/benchmarks.md), so checking every second costs nothing measurable and
-a rotation is served within about a second."""
+"""Seconds between checks. An unchanged check reads two small files and hashes them (its cost is in
+docs/benchmarks.md), so checking every second costs next to nothing and a rotation is served within
+about a second."""
 
 DEFAULT_EXPIRY_WARNING_DAYS = 14.0
 """Warn when the served certificate expires within this many days. cert-manager renews at

@@ -34,11 +34,7 @@ from typing import NoReturn
 
 from cryptography import x509
 
-# The certificates moved to demo_certs; Authority and Pair are imported back (``as`` marks the re-export)
-# so that imports from this module keep working.
 from tlsreload_plugins.demo.certs import HOST, mint_ca, mint_leaf, write_secret_volume
-from tlsreload_plugins.demo.certs import Authority as Authority
-from tlsreload_plugins.demo.certs import Pair as Pair
 from tlsreload_plugins.identity import serial_hex
 
 APP = {"gunicorn": "tlsreload_plugins.demo.app:wsgi", "uvicorn": "tlsreload_plugins.demo.app:asgi"}

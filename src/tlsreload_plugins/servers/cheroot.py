@@ -47,7 +47,7 @@ except ImportError as e:  # one clear line rather than a traceback into this mod
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.start import CannotServe, Settings, start_reloader
 from tlsreload_plugins.settings import resolve_password
 

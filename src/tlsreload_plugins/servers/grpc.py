@@ -30,10 +30,10 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
         f"tlsreload_plugins.grpc needs grpcio, which is not installed ({e}): pip install 'tlsreload-plugins[grpc]'"
     ) from e
 
-from tlsreload_plugins import identity
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import load_identity
 from tlsreload_plugins.files import Password, TLSFiles, password_bytes
+from tlsreload_plugins.files import password_file as password_in_file
 from tlsreload_plugins.lastgood.last_good import LastGood
 from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
 from tlsreload_plugins.lastgood.table import Parts
@@ -196,7 +196,7 @@ def server_credentials(
     settings.check()
     if require_client_auth and not ca_certs:
         raise ValueError("require_client_auth needs ca_certs: the CAs client certificates are verified against")
-    password = resolve_password(identity.password_file(password_file) if password_file else None)
+    password = resolve_password(password_in_file(password_file) if password_file else None)
     files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(ca_certs) if ca_certs else None)
     recipe_for = functools.partial(server_context, password=password)  # OpenSSL's verdict on files, never served
     store = SharedStore()  # this process's own: what each reloader validated and serves, as bytes

@@ -4,7 +4,8 @@ How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in
 your ``gunicorn.conf.py`` (your hooks still run); gunicorn's ``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni``,
 ``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``. Where the context is built: your ``ssl_context`` hook on gunicorn's
 default factory is the recipe; the hook then hands out the worker's reloading context (``sync`` and ``gthread`` ask
-per connection, the others once; ``UvicornWorker`` never asks: see :mod:`tlsreload_plugins.servers.uvicorn_worker`).
+per connection, the others once; ``UvicornWorker`` never asks: see
+:mod:`tlsreload_plugins.servers.gunicorn_worker_classes`).
 Worker lifecycle: forked. The arbiter checks the files in ``on_starting``, before it binds, into the last good store
 its workers share; each worker makes its reloader in ``post_worker_init`` (after gevent's patching) and stops it in
 ``worker_exit``.
@@ -27,7 +28,8 @@ from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES
+from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve
@@ -44,10 +46,6 @@ STARTUP_FAILURE = 1
 
 DROP_IN = "python:tlsreload_plugins.gunicorn_conf"
 """The drop-in configuration, as given to ``-c``."""
-
-OTHER_SERVERS_WORKERS = {"uvicorn_worker": "uvicorn_worker", "uvicorn": "uvicorn_worker", "aiohttp": "aiohttp"}
-"""Worker classes another server ships, by its top-level package: the glue that knows how they build their context
-(its ``prepare_gunicorn_worker_class`` configures the class, or refuses it with one line)."""
 
 SSLContextHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
 
@@ -169,7 +167,7 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
                 f"cannot serve TLS: --keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
                 "(the key may be in the certificate file, not the other way round)"
             )
-        prepare_worker_class(cfg.worker_class, cfg.worker_class_str, OTHER_SERVERS_WORKERS, server="gunicorn")
+        prepare_worker_class(cfg.worker_class, cfg.worker_class_str, WORKER_CLASSES)
         _last_good = _last_good or SharedStore()
         check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, _last_good, forks=True)
 
@@ -189,12 +187,15 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
             _files(cfg), recipe, recipe_for, settings=settings, store=_last_good, between=worker.notify, boot_error=3
         )  # 3: gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
 
-    if glue_for(type(worker), OTHER_SERVERS_WORKERS) == "uvicorn_worker":
-        from tlsreload_plugins.servers import (
-            uvicorn_worker,  # its uvicorn calls the factory as it starts serving, after this hook
+    def serve_through_hook(recipe: Recipe, recipe_for: RecipeFor) -> Reloader:  # a worker class's own recipes
+        return serve(
+            lambda: user_ssl_context(worker.cfg, recipe),
+            lambda files: user_ssl_context(with_files(worker.cfg, files), lambda: recipe_for(files)),
         )
 
-        uvicorn_worker.in_gunicorn_worker(worker, user_ssl_context, serve)
+    glue = glue_for(type(worker), WORKER_CLASSES)
+    if glue is not None and glue.serve is not None:
+        glue.serve(worker, serve_through_hook)
     elif still_ours(cfg.ssl_context, add_reload, "ssl_context", log):
         serve(lambda: _context_of(cfg), lambda files: _context_of(with_files(cfg, files)))
 

@@ -9,7 +9,7 @@ Where the context is built: hypercorn calls ``create_ssl_context()`` once per wo
 running loop; the recipe is hypercorn's own ``Config.create_ssl_context``, and the checks run from that
 loop (:func:`~tlsreload_plugins.drivers.check_from_running_loop`) until it ends. Worker lifecycle: spawned;
 the parent checks the files and keeps the newest valid identity in a
-:class:`~tlsreload_plugins.lastgood.last_good.SharedStore` on the ``Config``, which hypercorn passes to each worker
+:class:`~tlsreload_plugins.lastgood.SharedStore` on the ``Config``, which hypercorn passes to each worker
 it starts (start-up, SIGHUP, ``--reload``); a worker with nothing valid waits instead of exiting (on which
 hypercorn stops the whole server). HTTP/3 is refused: hypercorn hands aioquic the certificate *files* once.
 See docs/hypercorn.md.
@@ -31,7 +31,7 @@ from hypercorn.config import Config
 from tlsreload_plugins.drivers import check_from_running_loop
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import check_config_at_start, start_from_config
 from tlsreload_plugins.serving.lifespan import register, reloaders
 from tlsreload_plugins.serving.options import add_options, argparse_settings
@@ -162,7 +162,7 @@ def _route_logs(hypercorn_logger: Any) -> None:
 
 
 def _hypercorn_version() -> str:
-    import importlib.metadata  # only for an error message: it costs a worker about 2 MiB (email, csv, zipfile)
+    import importlib.metadata  # only for an error message: it imports email, csv and zipfile
 
     return importlib.metadata.version("hypercorn")
 
@@ -225,7 +225,7 @@ def main(args: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     # Run the importable module, not this __main__ copy: the workers unpickle the Config by the
-    # name tlsreload_plugins.hypercorn.ReloadingConfig.
-    from tlsreload_plugins.hypercorn import main as _main
+    # name of the importable module's ReloadingConfig.
+    from tlsreload_plugins.servers.hypercorn import main as _main
 
     _main()

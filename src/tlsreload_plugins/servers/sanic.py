@@ -6,7 +6,7 @@ context through the app's ``certloader_class``: :class:`ReloadingCertLoader` use
 (ciphers, ALPN, TLS 1.2 floor, names read from the certificate) and checks the files in a thread. Workers Sanic
 starts or restarts (``app.m.restart()``, its inspector, auto-reload) keep the last good certificate: before they
 start (``main_process_start``) the main process checks each certificate and keeps it in a
-:class:`~tlsreload_plugins.lastgood.last_good.SharedStore` that reaches every worker through ``app.shared_ctx``. Several
+:class:`~tlsreload_plugins.lastgood.SharedStore` that reaches every worker through ``app.shared_ctx``. Several
 certificates (a list) are each reloaded on their own, Sanic's ``CertSelector`` picking the newest context of each
 by server name (stock Sanic cannot pickle its selector for its workers: they get the list of settings instead).
 """
@@ -31,7 +31,7 @@ from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.lifespan import register, reloaders
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve, start_reloader
 from tlsreload_plugins.serving.workers import waiting_in_spawned_worker

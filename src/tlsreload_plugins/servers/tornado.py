@@ -9,7 +9,7 @@ dictionary has no key for). Tornado wraps each accepted connection with the cont
 connections get the newest valid certificate, established ones keep theirs.
 
 Worker lifecycle: :func:`reloading_tls` checks the files once, in the process that starts the server,
-and keeps the identity in a :class:`~tlsreload_plugins.lastgood.last_good.SharedStore`. Under
+and keeps the identity in a :class:`~tlsreload_plugins.lastgood.SharedStore`. Under
 ``tornado.process.fork_processes`` that is the parent, before the fork: no thread runs there. Each
 process that serves then calls :meth:`ReloadingTLS.context` before its event loop starts; it gets a
 reloader checked in a daemon thread. A child ``fork_processes`` restarts (one that crashed or was

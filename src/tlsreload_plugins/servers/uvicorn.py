@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving import lifespan as lifespan
-from tlsreload_plugins.serving import logs as logs
+from tlsreload_plugins.serving import lifespan, logs
 from tlsreload_plugins.serving.configured import (
     check_config_at_start,
     config_recipes,
@@ -32,7 +30,7 @@ from tlsreload_plugins.serving.configured import (
 from tlsreload_plugins.serving.lifespan import TLSReloadLifespan, reloaders, reloading_certificates
 from tlsreload_plugins.serving.options import click_settings, with_tls_options
 from tlsreload_plugins.serving.start import Settings, exit_if_cannot_serve
-from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
+from tlsreload_plugins.serving.workers import ReloaderMaker, waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password
 
 if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so that a missing extra is one
@@ -139,9 +137,9 @@ def prepare_gunicorn_worker_class(worker_class: Any, name: str) -> None:
     worker_class.CONFIG_KWARGS = {**kwargs, "ssl_context_factory": _not_in_gunicorn_worker}
 
 
-def in_gunicorn_worker(worker: Any, hook: Callable[..., ssl.SSLContext], serve: Callable[..., Reloader]) -> None:
-    """In a ``UvicornWorker``'s ``post_worker_init``: its ``config``'s placeholder becomes the user's ``ssl_context``
-    ``hook`` on uvicorn's default factory, ``serve(recipe, recipe_for)`` making the reloader (no placeholder: exit)."""
+def in_gunicorn_worker(worker: Any, serve: ReloaderMaker) -> None:
+    """In a ``UvicornWorker``'s ``post_worker_init``: its ``config``'s placeholder becomes a factory handing
+    uvicorn's default one to ``serve(recipe, recipe_for)``, which makes the reloader (no placeholder: exit)."""
     config: Any = getattr(worker, "config", None)
     if getattr(config, "ssl_context_factory", None) is not _not_in_gunicorn_worker:
         log.error(
@@ -150,7 +148,7 @@ def in_gunicorn_worker(worker: Any, hook: Callable[..., ssl.SSLContext], serve: 
             type(worker).__name__,
         )
         sys.exit(3)  # gunicorn's WORKER_BOOT_ERROR: the arbiter stops with "Worker failed to boot."
-    config.ssl_context_factory = functools.partial(_gunicorn_worker_context, worker, hook, serve)
+    config.ssl_context_factory = functools.partial(_gunicorn_worker_context, serve)
 
 
 def _not_in_gunicorn_worker(config: Any, default_factory: Recipe) -> ssl.SSLContext:
@@ -158,17 +156,10 @@ def _not_in_gunicorn_worker(config: Any, default_factory: Recipe) -> ssl.SSLCont
     return default_factory()
 
 
-def _gunicorn_worker_context(
-    worker: Any, user: Callable[..., ssl.SSLContext], serve: Callable[..., Reloader], config: Any, factory: Recipe
-) -> ssl.SSLContext:
-    from tlsreload_plugins.servers.gunicorn import with_files
-
+def _gunicorn_worker_context(serve: ReloaderMaker, config: Any, factory: Recipe) -> ssl.SSLContext:
     password = resolve_password(config.ssl_keyfile_password)
     recipe, recipe_for = config_recipes(config, _uvicorn_context, names=NAMES, password=password, own=factory)
-    return serve(
-        lambda: user(worker.cfg, recipe),
-        lambda files: user(with_files(worker.cfg, files), lambda: recipe_for(files)),
-    ).context
+    return serve(recipe, recipe_for).context
 
 
 # -- the drop-in command: uvicorn's own command-line options (the click parameters of `uvicorn.main`), passed to
@@ -246,7 +237,7 @@ def main(args: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # The importable module, not this __main__ copy: pickled configs meet the one registry of tlsreload_plugins.uvicorn.
-    from tlsreload_plugins.uvicorn import main as _main
+    # The importable module, not this __main__ copy: pickled configs meet the one registry of the importable module.
+    from tlsreload_plugins.servers.uvicorn import main as _main
 
     _main()

@@ -11,13 +11,13 @@ its workers share; then, in each worker:
 * *spawned* (the store travels with the worker's configuration, kept current by the parent): the glue
   makes the reloader where the server builds its context, waiting as :func:`waiting_in_spawned_worker`
   says when nothing valid is left to serve.
-* :func:`glue_for`, :func:`prepare_worker_class`: a worker class another server ships builds its context
-  its own way; that server's glue knows how to reach it, and prepares the class (or refuses it).
+* :class:`WorkerClassGlue`, :func:`glue_for`, :func:`prepare_worker_class`: a worker class another server
+  ships builds its context its own way; that server's glue knows how to reach it, and prepares the class
+  (or refuses it). The server's glue hands these a table of them, by the top-level package shipping the class.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import multiprocessing
@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import Recipe
@@ -38,6 +38,7 @@ from tlsreload_plugins.serving.start import RETRY_DELAY, CannotServe, Settings, 
 from tlsreload_plugins.settings import resolve_password
 
 __all__ = [
+    "WorkerClassGlue",
     "glue_for",
     "prepare_worker_class",
     "reloaders_here",
@@ -137,12 +138,35 @@ def serve_in_worker(
     return run_here(reloader)
 
 
-def glue_for(cls: object, glue_by_package: Mapping[str, str]) -> str | None:
-    """The glue that ``glue_by_package`` names for the top-level package defining the class ``cls`` or one
-    of its bases (the first found in method resolution order); ``None`` when it names none, or ``cls`` is
-    not a class.
+T = TypeVar("T")
 
-    Example: ``glue_for(worker_class, {"uvicorn_worker": "uvicorn_worker"})``.
+ReloaderMaker = Callable[[Recipe, RecipeFor], Reloader]
+"""Makes a worker's reloader from the recipes of the context its worker class builds (``serve(recipe, recipe_for)``)."""
+
+
+@dataclass(frozen=True)
+class WorkerClassGlue:
+    """What a server's glue does with a worker class another server ships, which builds its TLS context its own
+    way (gunicorn's ``uvicorn_worker.UvicornWorker``, aiohttp's ``GunicornWebWorker``).
+
+    Attributes:
+        prepare: ``prepare(cls, name)``, in the server's parent at start: configures the class, or raises
+            ``ValueError`` saying why its certificate could not be reloaded (``name``: how the user named it).
+        serve: ``serve(worker, serve_with)``, in each worker as it starts: has the worker's context made by
+            ``serve_with(recipe, recipe_for)`` (a :data:`ReloaderMaker`); ``None``: the worker builds its context as the
+            server's own worker classes do.
+    """
+
+    prepare: Callable[[Any, str], None]
+    serve: Callable[[Any, ReloaderMaker], None] | None = None
+
+
+def glue_for(cls: object, glue_by_package: Mapping[str, T]) -> T | None:
+    """What ``glue_by_package`` holds for the top-level package defining the class ``cls`` or one of its bases
+    (the first found in method resolution order); ``None`` when it holds nothing for them, or ``cls`` is not a
+    class.
+
+    Example: ``glue_for(type(worker), {"uvicorn_worker": uvicorn_worker_glue})``.
     """
     for base in inspect.getmro(cls) if isinstance(cls, type) else ():
         glue = glue_by_package.get(base.__module__.split(".")[0])
@@ -151,25 +175,23 @@ def glue_for(cls: object, glue_by_package: Mapping[str, str]) -> str | None:
     return None
 
 
-def prepare_worker_class(cls: object, name: str, glue_by_package: Mapping[str, str], *, server: str) -> None:
-    """Have the glue that :func:`glue_for` names for the worker class ``cls`` prepare it for ``server``: its
-    function ``prepare_<server>_worker_class(cls, name)`` (in :mod:`tlsreload_plugins.servers`), which configures
-    the class or refuses it; nothing when ``glue_by_package`` names no glue for it. For the server's parent, at start.
+def prepare_worker_class(cls: object, name: str, glue_by_package: Mapping[str, WorkerClassGlue]) -> None:
+    """Have the glue that :func:`glue_for` finds for the worker class ``cls`` prepare it (its ``prepare``):
+    configure the class, or refuse it; nothing when ``glue_by_package`` holds no glue for it. For the server's
+    parent, at start.
 
     Args:
         cls: the worker class; name: how the user named it, for messages.
         glue_by_package: as for :func:`glue_for`.
-        server: the server whose workers they are (``"gunicorn"``).
 
     Raises:
         ValueError: the glue refuses the class: its certificate could not be reloaded (the text says why).
 
-    Example: ``prepare_worker_class(cfg.worker_class, cfg.worker_class_str, {"aiohttp": "aiohttp"}, server="gunicorn")``
+    Example: ``prepare_worker_class(cfg.worker_class, cfg.worker_class_str, WORKER_CLASSES)``
     """
     glue = glue_for(cls, glue_by_package)
     if glue is not None:
-        module = importlib.import_module(f"tlsreload_plugins.servers.{glue}")
-        getattr(module, f"prepare_{server}_worker_class")(cls, name)
+        glue.prepare(cls, name)
 
 
 # -- spawned workers --------------------------------------------------------------------------------

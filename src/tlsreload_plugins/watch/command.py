@@ -51,15 +51,13 @@ from tlsreload_plugins.watch.notify import (
     ENV_CA_CERTS,
     ENV_CERTFILE,
     ENV_KEYFILE,
-    ENV_SERIAL,
-    EXEC_TIMEOUT,
     Notifier,
     RunCommand,
     SignalChild,
     SignalProcess,
-    _describe_status,
-    _signal_name,
     exit_status,
+    signal_name,
+    status_description,
 )
 from tlsreload_plugins.watch.options import (
     Options,
@@ -69,17 +67,10 @@ from tlsreload_plugins.watch.options import (
     granian_caveats,
     is_granian,
     options_from,
-    parse_signal,
     rewrite_paths,
 )
 
 __all__ = ["add_parser", "run"]
-# Moved to watch_copies, watch_notify and watch_options, and importable from here as before.
-__all__ += ["Copies", "copying_recipe", "plain_context"]
-__all__ += ["ENV_CA_CERTS", "ENV_CERTFILE", "ENV_KEYFILE", "ENV_SERIAL", "EXEC_TIMEOUT", "exit_status"]
-__all__ += ["Notifier", "RunCommand", "SignalChild", "SignalProcess"]
-__all__ += ["Options", "UsageError", "configure_logging", "options_from", "parse_signal"]
-__all__ += ["granian_caveats", "is_granian", "rewrite_paths"]
 
 log = logging.getLogger("tlsreload_plugins.watch")
 
@@ -239,7 +230,7 @@ class Watch:
         return outcome
 
     def on_signal(self, sig: int) -> None:
-        name = _signal_name(sig)
+        name = signal_name(sig)
         if self.child is None:
             if sig in STOPPING:
                 log.info("%s received: stopping", name)
@@ -277,7 +268,10 @@ class Watch:
                 if returncode is not None:
                     status = exit_status(returncode)
                     log.info(
-                        "the child (pid %d) ended: %s; exiting %d", self.child.pid, _describe_status(returncode), status
+                        "the child (pid %d) ended: %s; exiting %d",
+                        self.child.pid,
+                        status_description(returncode),
+                        status,
                     )
                     return status
             elif self.stopping:

@@ -17,10 +17,7 @@ from collections.abc import Callable
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
-from tlsreload_plugins.identity import (
-    validate as validate,  # `X as X`: importable from here as before; validation is validate_apart's
-)
-from tlsreload_plugins.validation import apart as validate_apart
+from tlsreload_plugins.validation.apart import validate
 from tlsreload_plugins.watch.options import UsageError
 
 _COPY_NAMES = {"cert": "cert.pem", "key": "key.pem", "ca": "ca.pem"}
@@ -134,7 +131,7 @@ def copying_recipe(files: TLSFiles, copies: Copies, password: Password) -> Calla
     def recipe() -> ssl.SSLContext:
         try:
             snapshot = read_files(files)
-            validate_apart.validate(snapshot, password)
+            validate(snapshot, password)
         except InvalidIdentity as e:  # the files changed since the reloader validated them
             raise ValueError(str(e)) from None
         return plain_context(copies.stage(snapshot), password)

@@ -44,7 +44,8 @@ class Notifier:
         raise NotImplementedError
 
 
-def _signal_name(sig: int) -> str:
+def signal_name(sig: int) -> str:
+    """How a log line names the signal ``sig`` (``SIGHUP``; ``signal 99`` for a number Python does not name)."""
     try:
         return signal.Signals(sig).name
     except ValueError:
@@ -62,7 +63,7 @@ class SignalProcess(Notifier):
 
     def describe(self) -> str:
         target = f"pid {self.pid}" if self.pid_file is None else f"the pid in {self.pid_file}"
-        return f"send {_signal_name(self.sig)} to {target}"
+        return f"send {signal_name(self.sig)} to {target}"
 
     def _target(self) -> int:
         if self.pid_file is None:
@@ -90,9 +91,9 @@ class SignalProcess(Notifier):
             problem = str(e)
         else:
             if self.undelivered:
-                log.info("sent %s to pid %d: the new certificate reached the server", _signal_name(self.sig), pid)
+                log.info("sent %s to pid %d: the new certificate reached the server", signal_name(self.sig), pid)
             else:
-                log.debug("sent %s to pid %d", _signal_name(self.sig), pid)
+                log.debug("sent %s to pid %d", signal_name(self.sig), pid)
             self.undelivered = False
             self._last_problem = None
             return
@@ -146,7 +147,7 @@ class RunCommand(Notifier):
         text = output.decode(errors="replace").strip()
         if proc.returncode != 0:
             tail = " | ".join(text.splitlines()[-3:])[-400:]
-            status = _describe_status(proc.returncode)
+            status = status_description(proc.returncode)
             log.error("--exec command %r failed (%s)%s", self.command, status, f": {tail}" if tail else "")
         else:
             log.debug("--exec command %r succeeded%s", self.command, f": {text[-200:]}" if text else "")
@@ -160,19 +161,20 @@ class SignalChild(Notifier):
         self.proc: subprocess.Popen[bytes] | None = None
 
     def describe(self) -> str:
-        return f"send {_signal_name(self.sig)} to the child"
+        return f"send {signal_name(self.sig)} to the child"
 
     def notify(self, leaf: Leaf) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return  # not started yet (the first identity) or already gone
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, self.sig)
-            log.debug("sent %s to the child (pid %d)", _signal_name(self.sig), self.proc.pid)
+            log.debug("sent %s to the child (pid %d)", signal_name(self.sig), self.proc.pid)
 
 
-def _describe_status(returncode: int) -> str:
+def status_description(returncode: int) -> str:
+    """How a log line tells a process's end: ``killed by SIGTERM``, ``exit status 3``."""
     if returncode < 0:
-        return f"killed by {_signal_name(-returncode)}"
+        return f"killed by {signal_name(-returncode)}"
     return f"exit status {returncode}"
 
 

@@ -53,6 +53,11 @@ MEMORY_GROWTH_LIMIT = 64 * 1024**2
 GROWS_WITH_TRAFFIC = {"asgi"}
 """Worker classes whose memory grows with handshakes alone (gunicorn 27's asgi worker: about 80 KB per
 handshake-only connection, to ~800 MB after 10,000, with or without tlsreload): no memory check there."""
+MEMORY_GROWTH_LIMITS = {"tlsreload-hypercorn": 192 * 1024**2}
+"""Kinds whose workers' peak memory grows with the connections a loaded machine queues: hypercorn's workers grew
+by 35 to 100 MiB in every hostile case (fifo, huge, mismatched alike) with four busy loops beside them, with the
+plugin of 7fac31b as with today's, and by less than 64 MiB on a quiet machine. A reader that ignored the 1 MiB cap
+on a 1 GB file or /dev/zero would still grow far past this (up to the 2 GiB data cap)."""
 STARTUP_DEADLINE = 20.0
 DATA_LIMIT = 2 * 1024**3
 FAILED = "certificate reload failed"
@@ -312,7 +317,8 @@ def test_hostile_file_is_reported_once_and_never_served(served: Running, case: s
     if run.kind not in GROWS_WITH_TRAFFIC:
         peaks = {pid: (before, peak_rss(pid)) for pid, before in peaks_before.items()}
         grown = {pid: b - a for pid, (a, b) in peaks.items() if a is not None and b is not None}
-        assert all(growth < MEMORY_GROWTH_LIMIT for growth in grown.values()), f"peak RSS (before, after): {peaks}"
+        limit = MEMORY_GROWTH_LIMITS.get(run.kind, MEMORY_GROWTH_LIMIT)
+        assert all(growth < limit for growth in grown.values()), f"peak RSS (before, after): {peaks}"
     assert run.server.proc.poll() is None
     output = run.output()[offset:]
     assert "Traceback" not in output and FAILED_TO_BOOT not in output, output

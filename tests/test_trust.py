@@ -58,6 +58,11 @@ NEVER_RESUMED = {
 }
 """(kind, version) pairs where the server resumes no session, before or after any change: there the test checks
 that nothing resumes, and still that no session made before a change gets back in."""
+SOMETIMES_RESUMED = {("tlsreload-hypercorn trio", "TLS 1.2 session ids")}
+"""(kind, version) pairs where the server's own close decides whether a session stays in its cache: trio sends its
+close_notify or not depending on who closes first, and OpenSSL drops the session of a connection closed without it
+(no resumption by id at all in 1 of 3 full runs). There the test does not ask for resumption, and still checks that
+no session made before a change gets back in."""
 
 
 def uvicorn_default_ciphers() -> str | None:
@@ -230,7 +235,8 @@ def changes_hold(
         except AssertionError:
             raise AssertionError(f"{kind}, {name}: no answer before the change\n{server.output()}") from None
         never = NEVER_RESUMED.get((kind, name))
-        assert resumes(port, before, kept, ask) != bool(never), (
+        sometimes = (kind, name) in SOMETIMES_RESUMED
+        assert sometimes or resumes(port, before, kept, ask) != bool(never), (
             f"{kind}, {name}: resumes {never} now: remove it from NEVER_RESUMED\n{server.output()}"
             if never
             else f"{kind}, {name}: no session resumes before the change at all\n{server.output()}"
@@ -248,7 +254,7 @@ def changes_hold(
         )
         assert not ask(port, before, None).ok, f"{kind}, {name}: the removed CA's client got in with a new handshake"
         kept_after = sessions_from_every_worker(port, after, workers, ask)
-        assert resumes(port, after, kept_after, ask) != bool(never), (
+        assert sometimes or resumes(port, after, kept_after, ask) != bool(never), (
             f"{kind}, {name}: sessions made after the change do not resume\n{server.output()}"
         )
 

@@ -1,10 +1,11 @@
-"""aiohttp joins the shared hostile-files matrix: :mod:`asyncio_server_apps` served by aiohttp, one process."""
+"""aiohttp joins the shared hostile-files matrix: :mod:`asyncio_server_apps` served by aiohttp, one process; and by
+gunicorn's drop-in with aiohttp's worker class, ``aiohttp.GunicornWebWorker``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from server_kinds import register
+from server_kinds import gunicorn_kind, register
 from tlstest import RenameEachLayout
 
 
@@ -16,3 +17,12 @@ def aiohttp_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Pa
 
 
 register("aiohttp", aiohttp_args, single_process=True, log_lines_name_the_worker=True)
+
+
+def aiohttp_worker_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+    command = gunicorn_kind("aiohttp.GunicornWebWorker")(port, layout, *extra, client_ca=client_ca)
+    command[-1] = "asyncio_server_apps:aiohttp_app"
+    return command
+
+
+register("aiohttp-worker", aiohttp_worker_args, log_lines_name_the_worker=True)

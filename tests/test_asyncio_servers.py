@@ -226,11 +226,15 @@ def test_unusable_files_at_start_stop_with_one_line(tmp_path: Path, ca: trustme.
     assert len(naming) == 1 and "cannot serve TLS" in naming[0], out
 
 
-def test_gunicorn_drop_in_refuses_aiohttps_worker_at_start(tmp_path: Path, ca: trustme.CA) -> None:
+def test_gunicorn_drop_in_refuses_an_aiohttp_worker_class_without_its_context_builder(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    """The guard on aiohttp's private builder: a worker class without it stops the server at start, one line."""
     layout = KubeletLayout(tmp_path / "tls")
     layout.install(issue(ca))
     args = [sys.executable, "-m", "gunicorn", "-c", "python:tlsreload_plugins.gunicorn_conf"]
-    args += ["-k", "aiohttp.GunicornWebWorker", "--certfile", str(layout.cert_path), "--keyfile", str(layout.key_path)]
+    args += ["-k", "aiohttp_workers.WithoutContextBuilder"]
+    args += ["--certfile", str(layout.cert_path), "--keyfile", str(layout.key_path)]
     args += ["--bind", f"{HOST}:{free_port()}", "--no-control-socket", "asyncio_server_apps:aiohttp_app"]
     # PYTHONPATH from the environment is kept, so the test can run against another copy of the package.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -238,5 +242,5 @@ def test_gunicorn_drop_in_refuses_aiohttps_worker_at_start(tmp_path: Path, ca: t
     out = result.stdout + result.stderr
     assert result.returncode == 1, out
     assert "Traceback" not in out and "Booting worker" not in out, out
-    reasons = [line for line in out.splitlines() if "GunicornWebWorker" in line]
+    reasons = [line for line in out.splitlines() if "WithoutContextBuilder" in line]
     assert len(reasons) == 1 and "[ERROR]" in reasons[0] and "could not be reloaded" in reasons[0], out

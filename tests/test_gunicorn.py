@@ -6,6 +6,7 @@ response body names the worker's pid) that every worker serves the newest certif
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import ssl
@@ -60,7 +61,9 @@ def gunicorn(port: int, cert: Path, key: Path, *extra: str, worker_class: str | 
 
 
 def start(args: list[str], tmp_path: Path) -> AbstractContextManager[Server]:
-    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    # PYTHONPATH from the environment is kept, so the suite can run against another copy of the package.
+    paths = [str(TESTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL}
     port = int(args[args.index("--bind") + 1].rsplit(":", 1)[1])
     return run_server(args, tmp_path / "gunicorn.log", port, env=env)
 

@@ -10,10 +10,12 @@ The checks are tied to the app's life with a ``cleanup_ctx`` entry put first, so
 the app's own and left after them: the certificate stays fresh through the app's own shutdown, and the
 checking thread is stopped (and joined in the loop's executor) when the app has finished.
 
-gunicorn's ``aiohttp.GunicornWebWorker`` (and ``GunicornUVLoopWebWorker``) build their own context in
-each worker (``GunicornWebWorker._create_ssl_context``, private, never calling gunicorn's ``ssl_context``
-hook), out of reach of the drop-in: :func:`prepare_gunicorn_worker_class` refuses them at start with
-one line, rather than start workers whose certificate would never be reloaded.
+gunicorn's ``aiohttp.GunicornWebWorker`` (and ``GunicornUVLoopWebWorker``, and a user's subclass) build their
+context in each worker as it starts, with ``GunicornWebWorker._create_ssl_context(cfg)``, never calling gunicorn's
+``ssl_context`` hook. The gunicorn drop-in gives each such worker, in ``post_worker_init``, a reloader whose recipe
+is that builder, and has the worker's builder hand out the reloader's context
+(:func:`in_gunicorn_worker`); :func:`prepare_gunicorn_worker_class` checks at start that the builder is still
+there (a private name: a renamed one stops the server at start, with one line).
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ import inspect
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.fresh import FreshContext, fresh_context, reloaders
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 
-__all__ = ["prepare_gunicorn_worker_class", "reloaders", "reloading"]
+if TYPE_CHECKING:  # a type only: aiohttp's users import nothing of gunicorn's workers
+    from tlsreload_plugins.serving.workers import ReloaderMaker
+
+__all__ = ["CONTEXT_BUILDER", "in_gunicorn_worker", "prepare_gunicorn_worker_class", "reloaders", "reloading"]
 
 log = logging.getLogger("tlsreload_plugins.aiohttp")
 
@@ -103,26 +109,50 @@ def _is_aiohttp_class(worker_class: Any) -> bool:
     )
 
 
-def prepare_gunicorn_worker_class(worker_class: Any, name: str) -> None:
-    """For gunicorn's drop-in, before the arbiter binds: refuse aiohttp's worker classes when gunicorn serves TLS.
+CONTEXT_BUILDER = "_create_ssl_context"
+"""Where aiohttp's gunicorn worker builds its TLS context: ``GunicornWebWorker._create_ssl_context(cfg)``, a static
+method its ``_run`` calls through the instance once, as the worker starts serving."""
 
-    ``aiohttp.GunicornWebWorker`` builds its own context once per worker, in a private static method
-    (``_create_ssl_context``) that never calls gunicorn's ``ssl_context`` hook; aiohttp documents no other
-    way to give the worker a context. Serving TLS through it would never reload the certificate, so the
-    drop-in stops at start with this one line instead. Other classes are left alone.
+
+def prepare_gunicorn_worker_class(worker_class: Any, name: str) -> None:
+    """For gunicorn's drop-in, before the arbiter binds: check that an aiohttp worker class builds its TLS context
+    where :func:`in_gunicorn_worker` reaches it. Other classes are left alone.
 
     Args:
         worker_class: gunicorn's ``cfg.worker_class`` (the class).
         name: how the user named it (``cfg.worker_class_str``), for the message.
 
     Raises:
-        ValueError: ``worker_class`` is, or derives from, one of aiohttp's; its text is the reason.
+        ValueError: ``worker_class`` is, or derives from, one of aiohttp's and has no context builder this glue
+            knows; its text is the reason.
     """
     if not _is_aiohttp_class(worker_class):
         return
-    raise ValueError(
-        f"the worker class {name} builds its own TLS context in each worker (aiohttp's "
-        "GunicornWebWorker._create_ssl_context, which never calls gunicorn's ssl_context hook), so its "
-        "certificate could not be reloaded: serve the app with aiohttp's own web.run_app(app, ssl_context="
-        "tlsreload_plugins.aiohttp.reloading(app, certfile, keyfile)), or terminate TLS in front of gunicorn"
-    )
+    builder = getattr(worker_class, CONTEXT_BUILDER, None)
+    if not callable(builder) or len(inspect.signature(builder).parameters) != 1:
+        raise ValueError(
+            f"the worker class {name} has no {CONTEXT_BUILDER}(cfg) (where aiohttp's GunicornWebWorker builds its "
+            "TLS context), so its certificate could not be reloaded: this aiohttp is not supported; serve the app "
+            "with web.run_app(app, ssl_context=tlsreload_plugins.aiohttp.reloading(app, certfile, keyfile))"
+        )
+
+
+def in_gunicorn_worker(worker: Any, serve: ReloaderMaker) -> None:
+    """In an aiohttp worker's ``post_worker_init``: make its reloader with aiohttp's own builder as the recipe
+    (``serve(recipe, recipe_for)``, which waits while nothing valid can be served), and have the worker's builder
+    hand out the reloader's context, which the worker then serves for its whole life."""
+    build = getattr(type(worker), CONTEXT_BUILDER)
+    cfg = worker.cfg
+    reloader = serve(lambda: build(cfg), lambda files: build(_WithFiles(cfg, files)))
+    setattr(worker, CONTEXT_BUILDER, lambda cfg: reloader.context)
+
+
+class _WithFiles:
+    """gunicorn's configuration naming other certificate, key and CA files: what aiohttp's builder reads."""
+
+    def __init__(self, cfg: Any, files: TLSFiles) -> None:
+        self._cfg = cfg
+        self.certfile, self.keyfile, self.ca_certs = files.certfile, files.keyfile, files.ca_certs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cfg, name)

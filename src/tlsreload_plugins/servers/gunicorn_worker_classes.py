@@ -28,10 +28,16 @@ def _serve_in_uvicorn_worker(worker: Any, serve: ReloaderMaker) -> None:
     uvicorn.in_gunicorn_worker(worker, serve)
 
 
-def _refuse_aiohttp_worker(worker_class: Any, name: str) -> None:
+def _prepare_aiohttp_worker(worker_class: Any, name: str) -> None:
     from tlsreload_plugins.servers import aiohttp
 
     aiohttp.prepare_gunicorn_worker_class(worker_class, name)
+
+
+def _serve_in_aiohttp_worker(worker: Any, serve: ReloaderMaker) -> None:
+    from tlsreload_plugins.servers import aiohttp
+
+    aiohttp.in_gunicorn_worker(worker, serve)
 
 
 _UVICORN_WORKER = WorkerClassGlue(prepare=_prepare_uvicorn_worker, serve=_serve_in_uvicorn_worker)
@@ -39,7 +45,7 @@ _UVICORN_WORKER = WorkerClassGlue(prepare=_prepare_uvicorn_worker, serve=_serve_
 WORKER_CLASSES = {
     "uvicorn_worker": _UVICORN_WORKER,
     "uvicorn": _UVICORN_WORKER,
-    "aiohttp": WorkerClassGlue(prepare=_refuse_aiohttp_worker),
+    "aiohttp": WorkerClassGlue(prepare=_prepare_aiohttp_worker, serve=_serve_in_aiohttp_worker),
 }
 """The glue of each worker class another server ships, by the top-level package defining it: ``uvicorn_worker``
 (uvicorn-worker), ``uvicorn`` (uvicorn's own ``uvicorn.workers``), ``aiohttp``."""

@@ -2,7 +2,8 @@
 hostile_apps' routes (``/`` answering ``pid=<worker pid>``, ``/status``, ``/metrics``, every answer with an
 ``x-worker-pid`` header), and ``/restart``, which has Sanic's worker manager restart the worker that answers
 (``app.m.restart()``, Sanic's own way). ``python -m sanic_apps --cert C --key K --ca-certs CA --port P`` runs the
-same app with ``app.run(ssl={..., "ca_certs": CA}, workers=2)``: Sanic's command line takes no client-CA bundle."""
+same app with ``app.run(ssl={..., "ca_certs": CA}, workers=2)`` (``--cert`` and ``--key`` repeated: a list of
+certificates, chosen by server name): Sanic's command line takes no client-CA bundle."""
 
 from __future__ import annotations
 
@@ -48,13 +49,16 @@ async def restart(request: Request) -> HTTPResponse:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cert", required=True)
-    parser.add_argument("--key", required=True)
+    parser.add_argument("--cert", action="append", required=True, help="repeated: a list, chosen by server name")
+    parser.add_argument("--key", action="append", required=True)
     parser.add_argument("--ca-certs", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=2)
     options = parser.parse_args()
-    ssl = {"cert": options.cert, "key": options.key, "ca_certs": options.ca_certs}
+    entries = [
+        {"cert": c, "key": k, "ca_certs": options.ca_certs} for c, k in zip(options.cert, options.key, strict=True)
+    ]
+    ssl = entries[0] if len(entries) == 1 else entries
     app.run(host="127.0.0.1", port=options.port, ssl=ssl, workers=options.workers, access_log=False)
 
 

@@ -172,8 +172,22 @@ EXTRA_KINDS = {
     "tlsreload-hypercorn trio": lambda port, layout, client_ca: server_kinds.args(
         "tlsreload-hypercorn", port, layout, "--worker-class", "trio", client_ca=client_ca
     ),
+    "sanic list": lambda port, layout, client_ca: sanic_list(port, layout, client_ca),
 }
 """Worker classes this test meets beyond the matrix's kinds (the hostile cases do not)."""
+
+
+def sanic_list(port: int, layout: RenameEachLayout, client_ca: Path) -> list[str]:
+    """Sanic with a list of two certificates (its certificate selector), the layout's first: it answers
+    ``localhost``."""
+    other = issue(trustme.CA(), "other.example")
+    other_cert, other_key = layout.cert_path.with_name("other.crt"), layout.key_path.with_name("other.key")
+    other_cert.write_bytes(other.chain)
+    other_key.write_bytes(other.key)
+    command = server_kinds.args(
+        "sanic", port, layout, "--cert", str(other_cert), "--key", str(other_key), client_ca=client_ca
+    )
+    return command
 
 
 @pytest.fixture(params=[*server_kinds.KINDS, *EXTRA_KINDS])

@@ -46,7 +46,7 @@ from tlsreload_plugins.outcome import Outcome, Settling, Status, warn_expiry
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
 
 # build_context and load_identity: docs/core.md documents them under this module, for start-up checks of one's own.
-__all__ = ["Offload", "Reloader", "Route", "SNICallback", "build_context", "load_identity"]
+__all__ = ["Offload", "Reloader", "Route", "SNICallback", "build_context", "create_connections_on", "load_identity"]
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
@@ -56,6 +56,38 @@ Route = Callable[["str | None"], "ssl.SSLContext | None"]
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], T]
 """Runs a blocking function elsewhere and returns its result (gevent: ``hub.threadpool.apply``)."""
+
+
+def create_connections_on(context: ssl.SSLContext, newest: Callable[[], ssl.SSLContext]) -> None:
+    """Have ``context`` create each new connection on ``newest()``: its ``wrap_socket`` and ``wrap_bio`` (how every
+    server creates its connections: threads, asyncio, uvloop, trio, gevent) become this instance's own.
+
+    A connection resumes sessions from the session cache and ticket keys of the context it was created on, whatever
+    context its ClientHello moves it to; so a context that changes what it trusts must be a new one that new
+    connections are created on, or sessions made under the old trust resume. ``newest()`` runs once per
+    connection: it must be quick and never block.
+
+    Args:
+        context: the context the server was handed (it keeps it for its whole life).
+        newest: returns the context to create the next connection on (``context`` itself is fine).
+
+    Example::
+
+        current = [build()]
+        create_connections_on(server_context, lambda: current[0])
+    """
+
+    def wrap_socket(sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        target = newest()
+        return type(target).wrap_socket(target, sock, *args, **kwargs)
+
+    def wrap_bio(incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: Any, **kwargs: Any) -> ssl.SSLObject:
+        target = newest()
+        return type(target).wrap_bio(target, incoming, outgoing, *args, **kwargs)
+
+    context.wrap_socket = wrap_socket  # type: ignore[method-assign]
+    context.wrap_bio = wrap_bio  # type: ignore[method-assign]
+
 
 _reloaders: weakref.WeakSet[Reloader] = weakref.WeakSet()
 _trust_of: weakref.WeakKeyDictionary[ssl.SSLContext, bytes | None] = weakref.WeakKeyDictionary()
@@ -435,8 +467,7 @@ class Reloader:
         newest context keeps the settings fixed at start (:func:`~tlsreload_plugins.examine.keep_fixed_settings`).
         """
         _trust_of[live] = snapshot.ca
-        live.wrap_socket = self._wrap_socket  # type: ignore[method-assign]
-        live.wrap_bio = self._wrap_bio  # type: ignore[method-assign]
+        create_connections_on(live, self._newest_for_a_connection)
 
     def _newest_for_connections(self, context: ssl.SSLContext, snapshot: Snapshot | None) -> None:
         """Make ``context`` the one new connections are created on (called with the state lock held)."""
@@ -448,13 +479,8 @@ class Reloader:
         else:
             self._serving = (context, context.sni_callback)
 
-    def _wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
-        newest = self._serving[0] or self.context
-        return type(newest).wrap_socket(newest, sock, *args, **kwargs)
-
-    def _wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, *args: Any, **kwargs: Any) -> ssl.SSLObject:
-        newest = self._serving[0] or self.context
-        return type(newest).wrap_bio(newest, incoming, outgoing, *args, **kwargs)
+    def _newest_for_a_connection(self) -> ssl.SSLContext:
+        return self._serving[0] or self.context
 
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str, live: ssl.SSLContext) -> int | None:
         serving, user_callback = self._serving

@@ -30,7 +30,7 @@ from tlsreload_plugins.examine import FIXED_SETTINGS
 from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.reloader import Reloader, create_connections_on
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.lifespan import register, reloaders
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve, start_reloader
@@ -221,20 +221,39 @@ class _Selector(CertSelector):
 
 def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
     """Sanic's ``CertSelector`` over the newest context of each reloader, following each reload. A connection
-    keeps its first context's protocol bounds, options and verify mode: the first certificate's, here."""
+    keeps its first context's protocol bounds, options and verify mode: the first certificate's, here.
+
+    Each reload makes a new selector that new connections are created on (its own session cache: no session made
+    before the reload resumes after it, whatever the client-CA bundles became), and the one it replaces refuses
+    the ClientHello of a connection created on it before the reload (which would resume from its cache)."""
     # Sanic raises ValueError for a certificate with no names to select it by: a failed start, one line.
-    selector = _Selector([None] * strict + [reloader.newest_context for reloader in made])
+    first = _Selector([None] * strict + [reloader.newest_context for reloader in made])
+    current, select = [first], first.sni_callback  # Sanic's: picks the context by server name
+
+    def follow(old: Leaf, new: Leaf) -> None:
+        following = _Selector.__new__(_Selector, None)  # not __init__: Sanic would log its vhosts on every reload
+        following.sni_callback = select
+        following.sanic_select = [reloader.newest_context for reloader in made]
+        following.sanic_fallback = None if strict else following.sanic_select[0]
+        _keep_fixed_settings(following, made)
+        replaced, current[0] = current[0], following
+        replaced.sni_callback = _refuse_hello
+
+    _keep_fixed_settings(first, made)
+    create_connections_on(first, lambda: current[0])
+    for reloader in made:
+        reloader.add_callbacks(on_reload=follow)
+    return first
+
+
+def _keep_fixed_settings(selector: ssl.SSLContext, made: list[Reloader]) -> None:
     for setting in FIXED_SETTINGS:
         setattr(selector, setting, getattr(made[0].newest_context, setting))
-    for index, reloader in enumerate(made):
 
-        def follow(old: Leaf, new: Leaf, index: int = index, reloader: Reloader = reloader) -> None:
-            selector.sanic_select[index] = reloader.newest_context
-            if index == 0 and not strict:
-                selector.sanic_fallback = reloader.newest_context
 
-        reloader.add_callbacks(on_reload=follow)
-    return selector
+def _refuse_hello(conn: ssl.SSLObject, server_name: str, context: ssl.SSLContext) -> int:
+    """The ClientHello callback of a selector a reload replaced: a connection created on it before the reload."""
+    return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
 
 
 def _route_logs() -> None:

@@ -66,7 +66,10 @@ def main() -> None:
         server.add_secure_port(address, credentials)
         server.start()
         log.info("serving grpc.health.v1.Health over TLS on %s", address)
-        stop.wait()
+        # With a timeout: a signal the kernel delivers to one of gRPC's threads runs its Python handler only when
+        # the main thread next runs Python code, which an untimed wait never does.
+        while not stop.wait(0.5):
+            pass
         log.info("stopping: calls in flight get %g seconds", GRACE)
         health_service.enter_graceful_shutdown()
         server.stop(GRACE).wait()

@@ -73,7 +73,8 @@ def serve_threads(credentials: ReloadingCredentials, address: str) -> None:
     server.add_secure_port(address, credentials)
     server.start()
     log.info("grpc.server serving on %s", address)
-    stop.wait()
+    while not stop.wait(0.5):  # a signal gRPC's threads receive is handled when the main thread runs Python code
+        pass
     server.stop(5).wait()
 
 

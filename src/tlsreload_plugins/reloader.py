@@ -369,7 +369,12 @@ class Reloader:
         if examined.unchanged:
             self._succeeded(now)
             return Outcome.UNCHANGED
-        if examined.changed_while_building or examined.context is None or examined.leaf is None:
+        if (
+            examined.changed_while_building
+            or examined.context is None
+            or examined.leaf is None
+            or examined.snapshot is None
+        ):
             log.debug("certificate files changed while being loaded; checking again")
             return Outcome.PENDING
         if examined.fixed_changes and examined.fixed_changes != self._fixed_warned:
@@ -383,13 +388,13 @@ class Reloader:
         if self._demand is not None:
             self._demand.validated = examined.snapshot
         self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot)
-        if self._last_good is not None and examined.snapshot is not None:
+        if self._last_good is not None:
             # After the state lock is released: a shared store may wait for another process's write.
             self._notices.append(([self._last_good.remember], (examined.snapshot, examined.leaf)))
         return Outcome.RELOADED
 
     def _swap(
-        self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float, snapshot: Snapshot | None
+        self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float, snapshot: Snapshot
     ) -> None:
         """Make ``context`` the one new handshakes get. Established connections keep theirs."""
         old = self._leaf
@@ -469,10 +474,10 @@ class Reloader:
         _trust_of[live] = snapshot.ca
         create_connections_on(live, self._newest_for_a_connection)
 
-    def _newest_for_connections(self, context: ssl.SSLContext, snapshot: Snapshot | None) -> None:
+    def _newest_for_connections(self, context: ssl.SSLContext, snapshot: Snapshot) -> None:
         """Make ``context`` the one new connections are created on (called with the state lock held)."""
         if self._live is not None and context is not self._live:
-            _trust_of[context] = snapshot.ca if snapshot is not None else _trust_of.get(self._live)
+            _trust_of[context] = snapshot.ca
             callback = context.sni_callback
             context.sni_callback = self._on_client_hello
             self._serving = (context, callback)

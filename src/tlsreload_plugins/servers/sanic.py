@@ -26,7 +26,7 @@ except ImportError as e:  # one clear line rather than a traceback into this mod
     raise ImportError(f"tlsreload_plugins.sanic needs sanic ({e}): pip install 'tlsreload-plugins[sanic]'") from e
 
 from tlsreload_plugins.drivers import ThreadDriver
-from tlsreload_plugins.examine import FIXED_SETTINGS
+from tlsreload_plugins.examine import keep_fixed_settings
 from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.store import SharedStore
@@ -235,20 +235,15 @@ def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
         following.sni_callback = select
         following.sanic_select = [reloader.newest_context for reloader in made]
         following.sanic_fallback = None if strict else following.sanic_select[0]
-        _keep_fixed_settings(following, made)
+        keep_fixed_settings(made[0].newest_context, following)
         replaced, current[0] = current[0], following
         replaced.sni_callback = _refuse_hello
 
-    _keep_fixed_settings(first, made)
+    keep_fixed_settings(made[0].newest_context, first)
     create_connections_on(first, lambda: current[0])
     for reloader in made:
         reloader.add_callbacks(on_reload=follow)
     return first
-
-
-def _keep_fixed_settings(selector: ssl.SSLContext, made: list[Reloader]) -> None:
-    for setting in FIXED_SETTINGS:
-        setattr(selector, setting, getattr(made[0].newest_context, setting))
 
 
 def _refuse_hello(conn: ssl.SSLObject, server_name: str, context: ssl.SSLContext) -> int:

@@ -14,9 +14,10 @@ import logging
 import sys
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tlsreload_plugins.examine import Examined
+from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.outcome import Outcome
 from tlsreload_plugins.reloader import Offload, Reloader
 
@@ -26,7 +27,23 @@ if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no 
 log = logging.getLogger("tlsreload_plugins.drivers")
 
 
-def _tick(reloader: Reloader, logged: set[str], offload: Offload[Examined] | None = None) -> None:
+class Checked(Protocol):
+    """What a driver drives: something that checks its files when told to, a server's
+    :class:`~tlsreload_plugins.reloader.Reloader` or a client's
+    :class:`~tlsreload_plugins.client.identity.ClientIdentity`."""
+
+    @property
+    def files(self) -> TLSFiles: ...
+
+    @property
+    def interval(self) -> float: ...
+
+    def check(self, *, settle: bool = True, offload: Offload[Examined] | None = None) -> Outcome: ...
+
+    def describe(self) -> str: ...
+
+
+def _tick(reloader: Checked, logged: set[str], offload: Offload[Examined] | None = None) -> None:
     # check() reports every problem itself; this is the last guard, so that a bug can never end the
     # ticker silently (that would freeze the certificate forever). Each distinct error is logged once.
     try:
@@ -53,14 +70,14 @@ def gevent_offload() -> Offload[Examined] | None:
 
 
 class ThreadDriver:
-    """Checks ``reloader`` every ``reloader.interval`` seconds in a daemon thread.
+    """Checks ``reloader`` (a :class:`Checked`) every ``reloader.interval`` seconds in a daemon thread.
 
     Under gevent's monkey-patching the thread is a greenlet and the wait is cooperative, so
     the same driver serves threaded and gevent servers. Use :meth:`start`/:meth:`stop` or
     ``with ThreadDriver(reloader):``.
     """
 
-    def __init__(self, reloader: Reloader) -> None:
+    def __init__(self, reloader: Checked) -> None:
         self.reloader = reloader
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -52,6 +52,9 @@ class Leaf:
     not_before: datetime
     not_after: datetime
     sha256: str
+    purposes: tuple[str, ...] | None = None
+    """The dotted OIDs of the certificate's extended key usage (``1.3.6.1.5.5.7.3.2``: client authentication),
+    ``None`` when it has none (any purpose) or when the leaf was kept by a version that did not record it."""
 
     def describe(self) -> str:
         """One line for logs: serial, subject, names and expiry."""
@@ -209,6 +212,11 @@ def leaf_info(cert: x509.Certificate) -> Leaf:
         sans = tuple(str(getattr(name, "value", name)) for name in san)
     except x509.ExtensionNotFound:
         sans = ()
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        purposes: tuple[str, ...] | None = tuple(oid.dotted_string for oid in usage)
+    except x509.ExtensionNotFound:
+        purposes = None
     return Leaf(
         subject=cert.subject.rfc4514_string(),
         serial=serial_hex(cert.serial_number),
@@ -216,6 +224,7 @@ def leaf_info(cert: x509.Certificate) -> Leaf:
         not_before=cert.not_valid_before_utc,
         not_after=cert.not_valid_after_utc,
         sha256=cert.fingerprint(hashes.SHA256()).hex(),
+        purposes=purposes,
     )
 
 

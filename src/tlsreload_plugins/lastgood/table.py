@@ -35,12 +35,14 @@ def _leaf_bytes(leaf: Leaf | None) -> bytes | None:
     if leaf is None:
         return None
     fields = [leaf.subject, leaf.serial, list(leaf.sans), leaf.not_before.isoformat(), leaf.not_after.isoformat()]
-    return json.dumps([*fields, leaf.sha256]).encode()
+    purposes = None if leaf.purposes is None else list(leaf.purposes)
+    return json.dumps([*fields, leaf.sha256, purposes]).encode()
 
 
 def _leaf_from(data: bytes) -> Leaf:
     try:
-        subject, serial, sans, not_before, not_after, sha256 = json.loads(data)
+        subject, serial, sans, not_before, not_after, sha256, *more = json.loads(data)
+        purposes = tuple(str(oid) for oid in more[0]) if more and more[0] is not None else None
         return Leaf(
             str(subject),
             str(serial),
@@ -48,6 +50,7 @@ def _leaf_from(data: bytes) -> Leaf:
             datetime.fromisoformat(not_before),
             datetime.fromisoformat(not_after),
             str(sha256),
+            purposes,
         )
     except (TypeError, ValueError) as e:
         raise ValueError(f"a leaf kept in a form this version does not read: {e}") from e

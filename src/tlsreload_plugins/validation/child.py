@@ -293,9 +293,12 @@ class _Talk:
 
 def _verdict(answer: list[Any]) -> Verdict:
     if answer[0] == "leaf":
-        _, subject, serial, sans, not_before, not_after, sha256 = answer
+        _, subject, serial, sans, not_before, not_after, sha256, *more = answer
         when = datetime.fromisoformat
-        return Leaf(str(subject), str(serial), tuple(map(str, sans)), when(not_before), when(not_after), str(sha256))
+        purposes = tuple(map(str, more[0])) if more and more[0] is not None else None
+        return Leaf(
+            str(subject), str(serial), tuple(map(str, sans)), when(not_before), when(not_after), str(sha256), purposes
+        )
     if answer[0] != "invalid":
         raise ValueError(f"not a verdict: {answer[0]!r}")
     _, message, path = answer
@@ -337,7 +340,8 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
                 send(["invalid", str(error), error.path])
                 continue
             when = (leaf.not_before.isoformat(), leaf.not_after.isoformat())
-            send(["leaf", leaf.subject, leaf.serial, list(leaf.sans), *when, leaf.sha256])
+            purposes = None if leaf.purposes is None else list(leaf.purposes)
+            send(["leaf", leaf.subject, leaf.serial, list(leaf.sans), *when, leaf.sha256, purposes])
 
 
 def _raising(kind: str, message: str) -> Callable[[], bytes]:

@@ -1,0 +1,401 @@
+"""A client's TLS identity kept fresh: :class:`ClientIdentity`.
+
+The client side of mTLS reads the same kind of files as a server (cert-manager, kubelet's ``..data`` swap,
+spiffe-helper, Vault agent): a certificate, its key and the bundle of CAs that server certificates are verified
+against. :class:`ClientIdentity` reads, fingerprints and validates them exactly as a server's reloader does (in a
+child process, hostile files contained, a failure reported once with the file named and counted) and hands out an
+:class:`ssl.SSLContext` that is **replaced, never mutated**: ``load_cert_chain`` on a context in use loads the chain
+and the key in two OpenSSL calls, and a handshake in between would present the new chain with the old key.
+
+What a client library's glue needs of it: :attr:`ClientIdentity.presented` (the newest context with its
+generation, one value), and :meth:`ClientIdentity.subscribe` to be told of a change on the checking thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any
+
+from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
+from tlsreload_plugins.examine import Examined, examine_files, load_identity
+from tlsreload_plugins.files import Password, TLSFiles, fingerprint
+from tlsreload_plugins.identity import Leaf, judge_period
+from tlsreload_plugins.lastgood.last_good import password_digest
+from tlsreload_plugins.outcome import Outcome, Settling, Status, warn_expiry
+from tlsreload_plugins.reloader import Offload
+from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
+
+__all__ = ["CLIENT_AUTH", "ClientIdentity", "ClientRecipe", "Presented", "client_context", "judge_purpose"]
+
+log = logging.getLogger("tlsreload_plugins.client")
+
+CLIENT_AUTH = "1.3.6.1.5.5.7.3.2"
+"""The extended key usage a client certificate needs when it has one (``id-kp-clientAuth``)."""
+ANY_PURPOSE = "2.5.29.37.0"
+"""The extended key usage that allows every purpose (``anyExtendedKeyUsage``)."""
+
+ClientRecipe = Callable[[TLSFiles, Password], ssl.SSLContext]
+"""Builds a client context from the files (certificate, key and the CA bundle in ``ca_certs``) and the key
+password: :func:`client_context`, or one's own (ciphers, protocol bounds, ALPN)."""
+
+
+def client_context(files: TLSFiles, password: Password = None) -> ssl.SSLContext:
+    """The default client recipe: Python's defaults for a client (``ssl.create_default_context``: hostname
+    checked, certificates verified, TLS 1.2 or later), trusting the CAs in ``files.ca_certs`` (the system's
+    when ``None``) and presenting the certificate and key of ``files``.
+
+    Args:
+        files: the certificate, its key (``None``: in the certificate file) and the CA bundle.
+        password: the key password, as :meth:`ssl.SSLContext.load_cert_chain` takes it.
+
+    Returns:
+        A new context (never one already in use).
+
+    Raises:
+        ssl.SSLError, OSError: the files cannot be loaded.
+
+    Example::
+
+        context = client_context(TLSFiles("client.crt", "client.key", "ca.crt"))
+    """
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=files.ca_certs)
+    context.load_cert_chain(files.certfile, files.keyfile, password)
+    return context
+
+
+def judge_purpose(leaf: Leaf, files: TLSFiles) -> None:
+    """Refuse a certificate whose extended key usage leaves out client authentication: a server verifying
+    client certificates refuses it (OpenSSL checks the purpose), so presenting it would fail every handshake.
+
+    Raises:
+        InvalidIdentity: naming the certificate file.
+    """
+    if leaf.purposes is not None and CLIENT_AUTH not in leaf.purposes and ANY_PURPOSE not in leaf.purposes:
+        raise InvalidIdentity(
+            f"certificate file {files.certfile} holds a certificate (serial {leaf.serial}) whose extended key usage "
+            "leaves out client authentication (clientAuth): servers refuse it as a client certificate",
+            path=files.certfile,
+        )
+
+
+@dataclass(frozen=True)
+class Presented:
+    """What new connections present: a context and the certificate in it, with the generation that changes with
+    them (0 for the first). One value, swapped whole: a context is never paired with another's generation."""
+
+    generation: int
+    context: ssl.SSLContext
+    leaf: Leaf
+
+
+class ClientIdentity:
+    """A client certificate, its key and a CA bundle, kept fresh: each check re-reads the files, and new, valid
+    content becomes a new :class:`Presented` (a new context, the next generation); invalid content keeps the last
+    good one, is reported once with the file named, counted in :meth:`status`, and tried again on every check.
+
+    The files are checked every ``interval`` seconds in a daemon thread (``watch=False``: only when :meth:`check`
+    is called). A certificate whose extended key usage leaves out client authentication, an expired one and one
+    not valid yet are refused like a mismatched pair.
+
+    Args:
+        certfile: the client certificate (its chain after it).
+        keyfile: its key; ``None`` when it is in ``certfile``.
+        cafile: the CAs that server certificates are verified against (the system's when ``None``); it reloads
+            with the rest.
+        password: the key password (a string, bytes or a callable), else ``TLSRELOAD_KEY_PASSWORD_FILE``'s.
+        interval: seconds between checks, else ``TLSRELOAD_INTERVAL``, else 1.
+        expiry_warning_days: warn when the certificate presented expires within this many days.
+        recipe: builds a client context from the files (default :func:`client_context`).
+        watch: check in a daemon thread of its own.
+        clock: the wall clock (tests).
+
+    Raises:
+        InvalidIdentity: the files cannot be used at construction (there is no last good identity yet).
+
+    Example::
+
+        identity = ClientIdentity("client.crt", "client.key", cafile="ca.crt")
+        context = identity.presented.context  # for one new connection; the next may get a newer one
+        identity.close()
+    """
+
+    def __init__(
+        self,
+        certfile: str,
+        keyfile: str | None = None,
+        *,
+        cafile: str | None = None,
+        password: Password = None,
+        interval: float | None = None,
+        expiry_warning_days: float | None = None,
+        recipe: ClientRecipe = client_context,
+        watch: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(cafile) if cafile else None)
+        self.password = resolve_password(password)
+        self.interval = resolve_interval(interval)
+        self.expiry_warning_days = resolve_expiry_warning_days(expiry_warning_days)
+        self._recipe = recipe
+        self._clock = clock
+        self._lock = threading.Lock()  # the state below, for a few assignments: never across I/O
+        self._check_lock = threading.Lock()  # one check at a time
+        self._subscribers: list[Callable[[Presented], object]] = []
+        self._every_check: list[Callable[[Presented], object]] = []
+        self._on_reload: list[Callable[[Leaf, Leaf], object]] = []
+        self._on_failure: list[Callable[[ReloadError], object]] = []
+        self._on_check: list[Callable[[Outcome, Status], object]] = []
+        self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
+        snapshot, leaf, context = load_identity(self.files, self._build, self.password)
+        now = clock()
+        judge_period(leaf, self.files, datetime.fromtimestamp(now, timezone.utc))
+        judge_purpose(leaf, self.files)
+        self._presented = Presented(0, context, leaf)
+        self._fingerprint = fingerprint(snapshot)
+        self._known_bad: Examined | None = None
+        self._settling = Settling()
+        self._last_error: str | None = None
+        self._last_success = now
+        self._last_reload: float | None = None
+        self._last_expiry_warning: float | None = None
+        self._checks = self._reloads = self._failures = 0
+        self._warn_expiry(now)
+        self._driver = ThreadDriver(self).start() if watch else None
+
+    def _build(self) -> ssl.SSLContext:
+        return self._recipe(self.files, self.password)
+
+    # -- what connections get -----------------------------------------------------------------
+
+    @property
+    def presented(self) -> Presented:
+        """The context new connections present, with its generation (read once per new pool or connection)."""
+        return self._presented
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        """The newest context: :attr:`presented`'s."""
+        return self._presented.context
+
+    @property
+    def generation(self) -> int:
+        """Changes (by one) with every new context: :attr:`presented`'s."""
+        return self._presented.generation
+
+    def subscribe(self, callback: Callable[[Presented], object], *, every_check: bool = False) -> Callable[[], None]:
+        """Call ``callback(presented)`` after every change (with ``every_check``: after every check, changed or
+        not, e.g. to close what is overdue), on the checking thread. It must not block for long (an asyncio client
+        hands it to its loop with ``call_soon_threadsafe``); exceptions it raises are logged.
+
+        Returns:
+            A function that unsubscribes it (safe to call from the callback).
+
+        Example::
+
+            unsubscribe = identity.subscribe(lambda presented: print("now", presented.leaf.serial))
+        """
+        listeners = self._every_check if every_check else self._subscribers
+        with self._lock:
+            listeners.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in listeners:
+                    listeners.remove(callback)
+
+        return unsubscribe
+
+    def add_callbacks(
+        self,
+        *,
+        on_reload: Callable[[Leaf, Leaf], object] | None = None,
+        on_failure: Callable[[ReloadError], object] | None = None,
+        on_check: Callable[[Outcome, Status], object] | None = None,
+    ) -> None:
+        """Register callbacks as :meth:`Reloader.add_callbacks <tlsreload_plugins.reloader.Reloader.add_callbacks>`
+        takes them (what :func:`tlsreload_plugins.metrics.observe` uses)."""
+        if on_reload is not None:
+            self._on_reload.append(on_reload)
+        if on_failure is not None:
+            self._on_failure.append(on_failure)
+        if on_check is not None:
+            self._on_check.append(on_check)
+
+    # -- one check ----------------------------------------------------------------------------
+
+    def check(self, *, settle: bool = True, offload: Offload[Examined] | None = None) -> Outcome:
+        """Read the files once and act on what is there. Blocking: call it from a thread, not an event loop.
+
+        ``settle``: report unusable content only when the previous check found it too (a rotation caught between
+        the certificate and the key is no failure); ``offload`` runs the reading, validating and building
+        elsewhere (gevent's pool of native threads). Never raises: every problem is a reported failure.
+        """
+        with self._check_lock:
+            now = self._clock()
+            examined = offload(lambda: self.examine(now)) if offload is not None else self.examine(now)
+            with self._lock:
+                outcome = self._conclude(examined, now, settle)
+                status = self._status()
+                notices, self._notices = self._notices, []
+                notices.append((list(self._every_check), (self._presented,)))
+        for callbacks, args in notices:
+            _call(callbacks, *args)
+        _call(self._on_check, outcome, status)
+        return outcome
+
+    def examine(self, now: float) -> Examined:
+        """The blocking half of :meth:`check`: read, and when the content is new, validate (in a child process)
+        and build. Changes no state; never raises."""
+        try:
+            examined = examine_files(
+                self.files,
+                self._build,
+                self.password,
+                now,
+                served=self._fingerprint,
+                known_bad=self._known_bad,
+                last_good=None,
+                live=None,
+                in_use=lambda context: context is self._presented.context,
+            )
+        except Exception as e:  # a bug or an error nobody foresaw: a reported failure, not a dead ticker
+            log.debug("unexpected error while checking %s", self.files.describe(), exc_info=True)
+            error = NotServable(f"unexpected error while checking {self.files.describe()}: {type(e).__name__}: {e}")
+            return Examined(fingerprint=None, error=error)
+        return refuse_wrong_purpose(examined, self.files, self.password)
+
+    def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
+        """The deciding half of :meth:`check` (state lock held, no I/O): present the new context, or report."""
+        self._checks += 1
+        if examined.error is not None:
+            if examined.fingerprint is not None:
+                self._known_bad = examined
+            level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
+            return self._fail(f"{examined.fingerprint}:{examined.error}", examined.error, settle, level)
+        if examined.unchanged:
+            self._succeeded(now)
+            return Outcome.UNCHANGED
+        if examined.changed_while_building or examined.context is None or examined.leaf is None:
+            log.debug("client certificate files changed while being loaded; checking again")
+            return Outcome.PENDING
+        old = self._presented
+        self._presented = Presented(old.generation + 1, examined.context, examined.leaf)
+        self._fingerprint = examined.fingerprint or ""
+        self._known_bad = None
+        self._reloads += 1
+        self._last_reload = now
+        self._last_expiry_warning = None
+        log.info(
+            "reloaded client certificate from %s: serial %s -> %s; new connections present %s",
+            self.files.certfile,
+            old.leaf.serial,
+            examined.leaf.serial,
+            examined.leaf.describe(),
+        )
+        self._succeeded(now)
+        self._notices.append((list(self._subscribers), (self._presented,)))
+        self._notices.append((self._on_reload, (old.leaf, examined.leaf)))
+        return Outcome.RELOADED
+
+    def _succeeded(self, now: float) -> None:
+        self._last_success = now
+        if self._settling.good():
+            log.info(
+                "client certificate files %s are usable again; presenting %s",
+                self.files.describe(),
+                self._presented.leaf.describe(),
+            )
+        self._last_error = None
+        self._warn_expiry(now)
+
+    def _fail(self, key: str, error: ReloadError, settle: bool, level: int) -> Outcome:
+        outcome = self._settling.bad(key, settle)
+        if outcome is Outcome.PENDING:
+            log.debug("client certificate files not usable yet (%s); checking again", error)
+        if outcome is not None:
+            return outcome
+        self._last_error = str(error)
+        self._failures += 1
+        leaf = self._presented.leaf
+        log.log(
+            level,
+            "client certificate reload failed, still presenting serial %s (not after %s): %s",
+            leaf.serial,
+            leaf.not_after.isoformat(),
+            error,
+        )
+        self._notices.append((self._on_failure, (error,)))
+        return Outcome.FAILED
+
+    def _warn_expiry(self, now: float) -> None:
+        self._last_expiry_warning = warn_expiry(
+            log, self._presented.leaf, now, self.expiry_warning_days, self._last_expiry_warning
+        )
+
+    # -- reading state and stopping ------------------------------------------------------------
+
+    def status(self) -> Status:
+        """A consistent snapshot of the counters and the certificate presented; never waits for a check's I/O."""
+        with self._lock:
+            return self._status()
+
+    def _status(self) -> Status:
+        return Status(
+            files=self.files,
+            interval=self.interval,
+            leaf=self._presented.leaf,
+            last_success=self._last_success,
+            last_reload=self._last_reload,
+            last_error=self._last_error,
+            checks=self._checks,
+            reloads=self._reloads,
+            failures=self._failures,
+        )
+
+    def describe(self) -> str:
+        """One line for the start-up log: what is watched, how often, what is presented."""
+        return (
+            f"watching client certificate {self.files.describe()} every {self.interval:g}s; "
+            f"presenting {self._presented.leaf.describe()}"
+        )
+
+    def close(self) -> None:
+        """Stop checking (the context stays usable)."""
+        if self._driver is not None:
+            self._driver.stop()
+
+    def __enter__(self) -> ClientIdentity:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def refuse_wrong_purpose(examined: Examined, files: TLSFiles, password: Password) -> Examined:
+    """``examined``, or when its certificate cannot authenticate a client (:func:`judge_purpose`), a refusal of
+    its content (no leaf: content known bad is not parsed again while the files hold it)."""
+    if examined.leaf is None or examined.error is not None:
+        return examined
+    try:
+        judge_purpose(examined.leaf, files)
+    except InvalidIdentity as e:
+        return replace(examined, context=None, snapshot=None, leaf=None, error=e, password=password_digest(password))
+    return examined
+
+
+def _call(callbacks: list[Callable[..., object]], *args: Any) -> None:
+    for callback in callbacks:
+        try:
+            callback(*args)
+        except Exception:
+            log.exception("tlsreload callback %r raised", callback)

@@ -1,0 +1,132 @@
+"""mTLS servers for the client tests: each requires a client certificate, answers with the serial of the one it
+saw, and re-reads its own files (certificate, key, client-CA bundle) for every new connection, so that what the
+test writes is what the next handshake gets, with no reloader of ours in between.
+
+``python tests/mtls_servers.py http --cert C --key K --client-ca CA --port P``: HTTP/1.1 with keep-alive; ``GET``
+answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline.
+``python tests/mtls_servers.py grpc ...``: gRPC, ``/echo.Echo/Who`` (raw bytes, no protobuf) answers the same.
+Each writes ``ready`` on a line once it listens; SIGTERM stops it (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import signal
+import socket
+import ssl
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from cryptography import x509
+
+from tlsreload_plugins.identity import serial_hex
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def server_context(cert: str, key: str, client_ca: str) -> ssl.SSLContext:
+    """A new context from the files as they are now (a connection's)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    context.load_verify_locations(cadata=read(client_ca).decode())
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def serial_of_der(der: bytes) -> str:
+    return serial_hex(x509.load_der_x509_certificate(der).serial_number)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a client's pooled connection keeps its certificate
+
+    def do_GET(self) -> None:
+        der = self.connection.getpeercert(binary_form=True)  # type: ignore[attr-defined]
+        body = (serial_of_der(der) if der else "none").encode() + b"\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    files: tuple[str, str, str]
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = self.socket.accept()
+        return sock, address
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # In the connection's thread: the handshake never holds up accepting others.
+        request.settimeout(30)
+        try:
+            tls = server_context(*self.files).wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            request.close()
+            return
+        super().finish_request(tls, client_address)
+
+
+def serve_http(args: argparse.Namespace, stop: threading.Event) -> None:
+    server = _Server(("127.0.0.1", args.port), _Handler)
+    server.files = (args.cert, args.key, args.client_ca)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    print("ready", flush=True)
+    stop.wait()
+    server.shutdown()
+
+
+def serve_grpc(args: argparse.Namespace, stop: threading.Event) -> None:
+    import grpc
+
+    def configuration() -> Any:
+        return grpc.ssl_server_certificate_configuration(
+            [(read(args.key), read(args.cert))], root_certificates=read(args.client_ca)
+        )
+
+    def who(request: bytes, context: Any) -> bytes:
+        pem = context.auth_context().get("x509_pem_cert", [b""])[0]
+        return serial_hex(x509.load_pem_x509_certificate(pem).serial_number).encode() if pem else b"none"
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=8))
+    handler = grpc.unary_unary_rpc_method_handler(who)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("echo.Echo", {"Who": handler}),))
+    # The fetcher runs for every new connection: it returns the files as they are now.
+    credentials = grpc.dynamic_ssl_server_credentials(
+        configuration(), configuration, require_client_authentication=True
+    )
+    server.add_secure_port(f"127.0.0.1:{args.port}", credentials)
+    server.start()
+    print("ready", flush=True)
+    while not stop.wait(0.5):  # a timed wait: the signal handler runs in this thread
+        pass
+    server.stop(1).wait(5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["http", "grpc"])
+    parser.add_argument("--cert", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--client-ca", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    (serve_grpc if args.kind == "grpc" else serve_http)(args, stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The client side of mTLS, end to end: each client library's example (tests/client_kinds.py) runs as a user runs
+it, one long-lived client making a request every EVERY ms, against an mTLS server that re-reads its own files per
+connection and answers with the client certificate it saw. The client's files rotate the way kubelet and certbot
+write them; hostile content is written where they are; the server's CA and the client CA change under it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trustme
+
+from client_kinds import CLIENTS, STOCK, ClientRun, start
+from hostile import leaf_for_key, load_key_on_disk
+from tlstest import CertbotLayout, KubeletLayout, Pair, free_port, issue, run_server, wait_until
+
+INTERVAL = 0.2
+EVERY = 100
+NEW_CONNECTIONS_WITHIN = INTERVAL + 2.0
+EVERY_REQUEST_WITHIN = INTERVAL + 10.0
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Write ``data`` at ``path`` in one step (a file renamed over it)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+class ClientFiles:
+    """The client's certificate, key and CA bundle, written as kubelet does (one swap of all three) or as certbot
+    does (the pair relinked one file at a time; the CA bundle a file of its own, replaced)."""
+
+    def __init__(self, root: Path, layout: str, pair: Pair, trusted: bytes) -> None:
+        self.layout = layout
+        if layout == "kubelet":
+            self.kubelet = KubeletLayout(root / "client")
+            self.cert, self.key, self.cacert = self.kubelet.cert_path, self.kubelet.key_path, self.kubelet.ca_path
+        else:
+            self.certbot = CertbotLayout(root / "letsencrypt")
+            self.cert, self.key = self.certbot.cert_path, self.certbot.key_path
+            self.cacert = root / "server-ca.pem"
+        self.chain, self.private, self.trusted = pair.chain, pair.key, trusted
+        self.write()
+
+    def write(self) -> None:
+        if self.layout == "kubelet":
+            self.kubelet.write_files({"tls.crt": self.chain, "tls.key": self.private, "ca.crt": self.trusted})
+        else:
+            replace(self.cacert, self.trusted)
+            self.certbot.write_raw(self.chain, self.private)
+
+    def install(self, pair: Pair) -> None:
+        self.chain, self.private = pair.chain, pair.key
+        self.write()
+
+    def raw(self, cert: bytes, key: bytes) -> None:
+        self.chain, self.private = cert, key
+        self.write()
+
+    def trust(self, bundle: bytes) -> None:
+        self.trusted = bundle
+        self.write()
+
+
+@dataclass
+class World:
+    """An mTLS server (its CA, its files) and a client's files."""
+
+    server_ca: trustme.CA
+    client_ca: trustme.CA
+    server_dir: Path
+    port: int
+    server_kind: str
+
+    def server_files(self, pair: Pair, client_cas: bytes) -> None:
+        replace(self.server_dir / "server.key", pair.key)  # before the certificate: never a mismatched pair
+        replace(self.server_dir / "server.crt", pair.chain)
+        replace(self.server_dir / "client-ca.pem", client_cas)
+
+
+@pytest.fixture
+def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
+    server_kind = CLIENTS.get(getattr(request, "param", "httpx"), STOCK)[1]
+    directory = tmp_path / "server"
+    directory.mkdir()
+    here = World(trustme.CA(), trustme.CA(), directory, free_port(), server_kind)
+    here.server_files(issue(here.server_ca), here.client_ca.cert_pem.bytes())
+    args = [
+        str(Path(__file__).parent / "mtls_servers.py"),
+        server_kind,
+        *("--cert", str(directory / "server.crt"), "--key", str(directory / "server.key")),
+        *("--client-ca", str(directory / "client-ca.pem"), "--port", str(here.port)),
+    ]
+    with run_server([sys.executable, *args], tmp_path / "server.log", here.port) as server:
+        wait_until(lambda: "ready" in server.output(), 30, what=f"the {server_kind} mTLS server to listen")
+        yield here
+
+
+def run_client(kind: str, world: World, files: ClientFiles, duration: float = 120.0) -> ClientRun:
+    example, server = STOCK if kind == "stock" else CLIENTS[kind]
+    run = start(
+        example, server, world.port, files.cert, files.key, files.cacert, duration=duration, every=EVERY,
+        interval=INTERVAL,
+    )  # fmt: skip
+    wait_until(lambda: run.all(), 30, what=f"{kind}'s first answer")
+    return run
+
+
+def presented(run: ClientRun, serial: str, since: float, timeout: float) -> float:
+    """When the server first saw ``serial`` after ``since`` (waiting up to ``timeout``)."""
+    answer = wait_until(
+        lambda: next((a for a in run.since(since) if a["ok"] and a["peer"] == serial), None),
+        timeout,
+        what=f"the server to see client certificate {serial}",
+    )
+    return float(answer["t"])
+
+
+def no_failure(run: ClientRun) -> None:
+    failed = [answer for answer in run.all() if not answer["ok"]]
+    assert not failed, f"{len(failed)} requests failed:\n{run.output()}"
+
+
+def rotate_and_measure(run: ClientRun, files: ClientFiles, pair: Pair) -> None:
+    """Rotate to ``pair``: new connections present it within NEW_CONNECTIONS_WITHIN, every request within
+    EVERY_REQUEST_WITHIN, and no request fails."""
+    old = {answer["peer"] for answer in run.all()[-3:]}
+    written = time.time()
+    files.install(pair)
+    first_new = presented(run, pair.serial, written, EVERY_REQUEST_WITHIN + 5)
+    assert first_new - written <= NEW_CONNECTIONS_WITHIN, run.output()
+    # Then a request made after the bound: every one since presents the new certificate.
+    wait_until(lambda: run.since(written + EVERY_REQUEST_WITHIN), EVERY_REQUEST_WITHIN + 10, what="a later request")
+    late_old = [a for a in run.since(written + EVERY_REQUEST_WITHIN) if a.get("peer") in old]
+    assert not late_old, f"requests still presented the old certificate: {late_old[:3]}\n{run.output()}"
+
+
+@pytest.mark.parametrize("world", list(CLIENTS), indirect=True, ids=list(CLIENTS))
+@pytest.mark.parametrize("layout", ["kubelet", "certbot"])
+def test_rotations_reach_the_server(world: World, layout: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    kind = request.node.callspec.params["world"]
+    first = issue(world.client_ca)
+    files = ClientFiles(tmp_path, layout, first, world.server_ca.cert_pem.bytes())
+    run = run_client(kind, world, files)
+    assert presented(run, first.serial, 0, 30)
+    for _ in range(2):
+        pair = issue(world.client_ca)
+        written = time.time()
+        files.install(pair)
+        first_new = presented(run, pair.serial, written, EVERY_REQUEST_WITHIN + 5)
+        assert first_new - written <= NEW_CONNECTIONS_WITHIN, run.output()
+    no_failure(run)
+    assert run.terminate() <= 5.0
+
+
+def hostile_cases(client_ca: trustme.CA, good: Pair, files: ClientFiles) -> dict[str, tuple[bytes, bytes]]:
+    """Content that must never be presented: (certificate, key) bytes for each case."""
+    other = issue(client_ca)
+    key = load_key_on_disk(files.key)
+    assert key is not None
+    expired = client_ca.issue_cert("expired.client.test", not_after=_past(1), not_before=_past(30))
+    server_only = leaf_for_key(client_ca, key)  # extended key usage serverAuth only
+    return {
+        "mismatched pair": (good.chain, other.key),
+        "garbage": (b"garbage\n", good.key),
+        "empty key": (good.chain, b""),
+        "expired certificate": (expired.cert_chain_pems[0].bytes(), expired.private_key_pem.bytes()),
+        "no clientAuth": (server_only, good.key),
+    }
+
+
+def _past(days: int) -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=days)
+
+
+@pytest.mark.parametrize("world", list(CLIENTS), indirect=True, ids=list(CLIENTS))
+def test_hostile_files_are_never_presented(world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    kind = request.node.callspec.params["world"]
+    good = issue(world.client_ca)
+    files = ClientFiles(tmp_path, "kubelet", good, world.server_ca.cert_pem.bytes())
+    run = run_client(kind, world, files)
+    presented(run, good.serial, 0, 30)
+    for number, (case, (cert, key)) in enumerate(hostile_cases(world.client_ca, good, files).items(), 1):
+        written = time.time()
+        files.raw(cert, key)
+        wait_until(
+            lambda n=number: len(run.lines("client certificate reload failed")) >= n,
+            INTERVAL * 4 + 30,
+            what=f"{case}: the failure reported",
+        )
+        assert str(files.cert.parent) in run.lines("client certificate reload failed")[-1], run.output()
+        answers = run.since(written)
+        assert answers and all(a["ok"] and a["peer"] == good.serial for a in answers), f"{case}\n{run.output()}"
+    after = issue(world.client_ca)
+    written = time.time()
+    files.install(after)
+    presented(run, after.serial, written, EVERY_REQUEST_WITHIN + 5)
+    no_failure(run)
+    assert run.terminate() <= 5.0
+
+
+@pytest.mark.parametrize("world", list(CLIENTS), indirect=True, ids=list(CLIENTS))
+def test_trust_changes_fail_no_request(world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The server moves to another CA (the client's bundle S, then S+T, the server on T, then T alone), and the
+    server's client CA changes (C, then C+D, the client on D, then D alone): no request fails."""
+    kind = request.node.callspec.params["world"]
+    good = issue(world.client_ca)
+    files = ClientFiles(tmp_path, "kubelet", good, world.server_ca.cert_pem.bytes())
+    run = run_client(kind, world, files)
+    presented(run, good.serial, 0, 30)
+
+    def reloads() -> int:
+        return len(run.lines("reloaded client certificate"))
+
+    def settle(count: int) -> None:
+        wait_until(lambda: reloads() >= count, INTERVAL * 4 + 30, what="the client to reload")
+        mark = time.time()
+        wait_until(lambda: len(run.since(mark)) >= 3, 30, what="three requests after the change")
+
+    new_server_ca = trustme.CA()
+    files.trust(world.server_ca.cert_pem.bytes() + new_server_ca.cert_pem.bytes())
+    settle(1)
+    world.server_files(issue(new_server_ca), world.client_ca.cert_pem.bytes())
+    mark = time.time()
+    wait_until(lambda: len(run.since(mark)) >= 3, 30, what="requests to the server on T")
+    files.trust(new_server_ca.cert_pem.bytes())
+    settle(2)
+
+    new_client_ca = trustme.CA()
+    world.server_files(issue(new_server_ca), world.client_ca.cert_pem.bytes() + new_client_ca.cert_pem.bytes())
+    on_new_ca = issue(new_client_ca)
+    written = time.time()
+    files.install(on_new_ca)
+    presented(run, on_new_ca.serial, written, EVERY_REQUEST_WITHIN + 5)
+    world.server_files(issue(new_server_ca), new_client_ca.cert_pem.bytes())
+    mark = time.time()
+    wait_until(lambda: len(run.since(mark)) >= 5, 30, what="requests after the client CA change")
+    no_failure(run)
+    assert run.terminate() <= 5.0
+
+
+@pytest.mark.parametrize("world", ["httpx"], indirect=True)
+def test_a_stock_client_never_presents_the_new_certificate(world: World, tmp_path: Path) -> None:
+    """Side by side, the same files: httpx as users run it without us keeps presenting the certificate it was made
+    with; ours presents the new one."""
+    first = issue(world.client_ca)
+    files = ClientFiles(tmp_path, "kubelet", first, world.server_ca.cert_pem.bytes())
+    ours = run_client("httpx", world, files)
+    stock = run_client("stock", world, files)
+    presented(stock, first.serial, 0, 30)
+    pair = issue(world.client_ca)
+    written = time.time()
+    files.install(pair)
+    presented(ours, pair.serial, written, EVERY_REQUEST_WITHIN + 5)
+    wait_until(lambda: len(stock.since(written + NEW_CONNECTIONS_WITHIN + 1)) >= 5, 30, what="stock's requests")
+    assert {a["peer"] for a in stock.since(written)} == {first.serial}, stock.output()
+    no_failure(ours)
+    ours.terminate()
+    stock.terminate()

@@ -36,13 +36,14 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from tlsreload_plugins.errors import ReloadError
+from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.outcome import Outcome, Status
-from tlsreload_plugins.reloader import Reloader
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -148,7 +149,27 @@ class _Families:
 
 _lock = threading.RLock()
 _families: dict[int, tuple[object, _Families]] = {}
-_observed: weakref.WeakSet[Reloader] = weakref.WeakSet()
+
+
+class Observed(Protocol):
+    """What :func:`observe` exports: a server's :class:`~tlsreload_plugins.reloader.Reloader` or a client's
+    :class:`~tlsreload_plugins.client.identity.ClientIdentity` (their checks, reloads and failures mean the same)."""
+
+    @property
+    def files(self) -> TLSFiles: ...
+
+    def status(self) -> Status: ...
+
+    def add_callbacks(
+        self,
+        *,
+        on_reload: Callable[[Leaf, Leaf], object] | None = None,
+        on_failure: Callable[[ReloadError], object] | None = None,
+        on_check: Callable[[Outcome, Status], object] | None = None,
+    ) -> None: ...
+
+
+_observed: weakref.WeakSet[Observed] = weakref.WeakSet()
 
 
 def _create(registry: CollectorRegistry | None) -> _Families:
@@ -200,14 +221,15 @@ def _families_for(registry: CollectorRegistry | None) -> _Families:
         return entry[1]
 
 
-def observing(reloader: Reloader) -> bool:
+def observing(reloader: Observed) -> bool:
     """Whether :func:`observe` exports ``reloader``'s metrics."""
     with _lock:
         return reloader in _observed
 
 
-def observe(reloader: Reloader, registry: CollectorRegistry | None = None, *, identity: str = DEFAULT_IDENTITY) -> bool:
-    """Export ``reloader``'s activity as Prometheus metrics; ``False`` (and nothing done) without prometheus_client.
+def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, identity: str = DEFAULT_IDENTITY) -> bool:
+    """Export ``reloader``'s activity (a server's reloader or a client's identity) as Prometheus metrics; ``False``
+    (and nothing done) without prometheus_client.
 
     ``registry`` defaults to prometheus_client's global ``REGISTRY`` (in multiprocess mode the
     values go to ``PROMETHEUS_MULTIPROC_DIR`` whatever the registry). Observing the same reloader

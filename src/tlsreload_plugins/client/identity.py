@@ -29,6 +29,7 @@ from tlsreload_plugins.examine import Examined, examine_files, load_identity
 from tlsreload_plugins.files import Password, TLSFiles, fingerprint
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import password_digest
+from tlsreload_plugins.metrics import observe, wanted
 from tlsreload_plugins.outcome import Outcome, Settling, Status, warn_expiry
 from tlsreload_plugins.reloader import Offload
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
@@ -41,6 +42,9 @@ CLIENT_AUTH = "1.3.6.1.5.5.7.3.2"
 """The extended key usage a client certificate needs when it has one (``id-kp-clientAuth``)."""
 ANY_PURPOSE = "2.5.29.37.0"
 """The extended key usage that allows every purpose (``anyExtendedKeyUsage``)."""
+
+METRICS_IDENTITY = "client"
+"""The ``identity`` label of a client's metrics (a server's configured identity is ``default``)."""
 
 ClientRecipe = Callable[[TLSFiles, Password], ssl.SSLContext]
 """Builds a client context from the files (certificate, key and the CA bundle in ``ca_certs``) and the key
@@ -115,6 +119,8 @@ class ClientIdentity:
         expiry_warning_days: warn when the certificate presented expires within this many days.
         recipe: builds a client context from the files (default :func:`client_context`).
         watch: check in a daemon thread of its own.
+        metrics: export Prometheus metrics (the server side's names, labelled ``identity="client"``), else
+            ``TLSRELOAD_METRICS``'s choice.
         clock: the wall clock (tests).
 
     Raises:
@@ -138,6 +144,7 @@ class ClientIdentity:
         expiry_warning_days: float | None = None,
         recipe: ClientRecipe = client_context,
         watch: bool = True,
+        metrics: bool | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(cafile) if cafile else None)
@@ -168,6 +175,8 @@ class ClientIdentity:
         self._last_expiry_warning: float | None = None
         self._checks = self._reloads = self._failures = 0
         self._warn_expiry(now)
+        if wanted(metrics):
+            observe(self, identity=METRICS_IDENTITY)
         self._driver = ThreadDriver(self).start() if watch else None
 
     def _build(self) -> ssl.SSLContext:

@@ -154,8 +154,9 @@ class Pools(Generic[P]):
         now = self._clock()
         keep, close = [], []
         for entry in self._retired:
-            late = self.retire_after is not None and entry.retired_at is not None
-            if entry.in_flight == 0 or (late and now - (entry.retired_at or now) >= (self.retire_after or 0.0)):
+            retired_at, limit = entry.retired_at, self.retire_after
+            overdue = retired_at is not None and limit is not None and now - retired_at >= limit
+            if entry.in_flight == 0 or overdue:
                 close.append(entry.pool)
             else:
                 keep.append(entry)

@@ -1,0 +1,182 @@
+"""ClientIdentity and Pools called directly: what a check decides (a new context and generation, or the last good
+one kept and the failure reported once), and which pools a client library's glue closes when. Real files, real
+validation, real handshakes; no thread of its own (watch=False), checks made by the test."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from hostile import leaf_for_key, load_key_on_disk
+from tlsreload_plugins import InvalidIdentity, Outcome
+from tlsreload_plugins.client import ClientIdentity
+from tlsreload_plugins.client.pools import Pools
+from tlstest import HOST, Pair, issue, serial_of
+
+
+def write(directory: Path, pair: Pair) -> tuple[Path, Path]:
+    cert, key = directory / "client.crt", directory / "client.key"
+    for path, data in ((key, pair.key), (cert, pair.chain)):
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    return cert, key
+
+
+@pytest.fixture
+def server_ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def mtls_port(ca: trustme.CA, server_ca: trustme.CA) -> Iterator[int]:
+    """A server requiring a client certificate from ``ca``; each connection gets the serial it saw, then closes."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ca.issue_cert("localhost").configure_cert(context)
+    ca.configure_trust(context)
+    context.verify_mode = ssl.CERT_REQUIRED
+    listener = socket.create_server((HOST, 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                raw, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                with context.wrap_socket(raw, server_side=True) as tls:
+                    der = tls.getpeercert(binary_form=True) or b""
+
+                    tls.sendall(serial_of(der).encode())
+            except (ssl.SSLError, OSError):
+                raw.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    listener.close()
+    thread.join(5)
+
+
+def presented_serial(context: ssl.SSLContext, port: int) -> str:
+    with (
+        socket.create_connection((HOST, port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        return tls.recv(100).decode()
+
+
+def test_a_rotation_is_a_new_context_and_generation_and_the_old_one_is_untouched(
+    tmp_path: Path, ca: trustme.CA, server_ca: trustme.CA, mtls_port: int
+) -> None:
+    first, second = issue(ca), issue(ca)
+    cert, key = write(tmp_path, first)
+    (tmp_path / "ca.crt").write_bytes(server_ca.cert_pem.bytes())
+    identity = ClientIdentity(str(cert), str(key), cafile=str(tmp_path / "ca.crt"), watch=False, interval=0.1)
+    seen = []
+    identity.subscribe(seen.append)
+    before = identity.presented
+    assert before.generation == 0 and presented_serial(before.context, mtls_port) == first.serial
+    assert identity.check() is Outcome.UNCHANGED
+    write(tmp_path, second)
+    assert identity.check() is Outcome.RELOADED
+    after = identity.presented
+    assert after.generation == 1 and after.context is not before.context and after.leaf.serial == second.serial
+    assert seen == [after]
+    assert presented_serial(after.context, mtls_port) == second.serial
+    assert presented_serial(before.context, mtls_port) == first.serial  # replaced, never mutated
+    assert identity.status().reloads == 1
+
+
+def place_no_client_auth(ca: trustme.CA, cert: Path, key: Path) -> None:
+    private = load_key_on_disk(key)
+    assert private is not None
+    cert.write_bytes(leaf_for_key(ca, private))  # extended key usage: serverAuth only
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["mismatched pair", "no clientAuth", "empty key", "expired"],
+)
+def test_unusable_files_keep_the_last_good_and_are_reported_once(
+    tmp_path: Path, ca: trustme.CA, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = issue(ca)
+    cert, key = write(tmp_path, good)
+    identity = ClientIdentity(str(cert), str(key), watch=False, interval=0.1)
+    if case == "mismatched pair":
+        key.write_bytes(issue(ca).key)
+    elif case == "no clientAuth":
+        place_no_client_auth(ca, cert, key)
+    elif case == "empty key":
+        key.write_bytes(b"")
+    else:
+        past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
+        expired = ca.issue_cert("expired.test", not_before=past - datetime.timedelta(days=9), not_after=past)
+        write(tmp_path, Pair(expired.cert_chain_pems[0].bytes(), expired.private_key_pem.bytes(), ""))
+    outcomes = [identity.check() for _ in range(4)]
+    assert outcomes == [Outcome.PENDING, Outcome.FAILED, Outcome.FAILED, Outcome.FAILED]
+    status = identity.status()
+    assert status.failures == 1 and status.last_error is not None
+    assert str(tmp_path) in status.last_error
+    assert identity.presented.generation == 0 and identity.presented.leaf.serial == good.serial
+    failures = [r for r in caplog.records if "client certificate reload failed" in r.getMessage()]
+    assert len(failures) == 1, [r.getMessage() for r in failures]
+    write(tmp_path, issue(ca))
+    assert identity.check() is Outcome.RELOADED and identity.status().last_error is None
+
+
+def test_a_certificate_without_client_auth_is_refused_at_start(tmp_path: Path, ca: trustme.CA) -> None:
+    cert, key = write(tmp_path, issue(ca))
+    place_no_client_auth(ca, cert, key)
+    with pytest.raises(InvalidIdentity, match="clientAuth"):
+        ClientIdentity(str(cert), str(key), watch=False)
+
+
+def test_pools_close_a_replaced_pool_once_idle_or_overdue() -> None:
+    now = [0.0]
+    made: list[str] = []
+
+    def make(generation: int) -> str:
+        made.append(f"pool{generation}")
+        return made[-1]
+
+    pools: Pools[str] = Pools(make, retire_after=10.0, clock=lambda: now[0])
+    pool, close = pools.acquire(0)
+    assert (pool, close) == ("pool0", [])
+    assert pools.release(pool) == []  # the current pool stays open when idle
+    busy, _ = pools.acquire(0)
+    assert pools.renew(1) == []  # replaced with a request in flight: kept
+    assert pools.retired == 1
+    fresh, close = pools.acquire(1)
+    assert (fresh, close) == ("pool1", [])
+    assert pools.release(busy) == ["pool0"]  # its last request done: closed
+    held, _ = pools.acquire(1)
+    assert pools.renew(2) == []
+    now[0] = 9.9
+    assert pools.overdue() == []
+    now[0] = 10.0
+    assert pools.overdue() == ["pool1"]  # overdue: closed under its request
+    assert pools.release(held) == []  # closed once only
+    assert pools.acquire(2)[0] == "pool2"
+    assert sorted(pools.close()) == ["pool2"]
+    with pytest.raises(RuntimeError):
+        pools.acquire(2)
+
+
+def test_pools_idle_replaced_pool_is_closed_at_renew() -> None:
+    pools: Pools[str] = Pools(lambda generation: f"pool{generation}")
+    pool, _ = pools.acquire(0)
+    pools.release(pool)
+    assert pools.renew(1) == ["pool0"]
+    assert pools.renew(1) == []

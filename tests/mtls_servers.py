@@ -45,6 +45,7 @@ def serial_of_der(der: bytes) -> str:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client's pooled connection keeps its certificate
+    disable_nagle_algorithm = True  # headers and body are two writes: no delayed-ACK wait between them
 
     def do_GET(self) -> None:
         der = self.connection.getpeercert(binary_form=True)  # type: ignore[attr-defined]
@@ -52,6 +53,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:  # the client asked for it: say so, or it may reuse a connection being closed
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 

@@ -238,7 +238,7 @@ def _configuration(served: list[tuple[str, Parts]], password: Password) -> grpc.
 
 
 def _key_and_chain(parts: Parts, password: Password) -> tuple[bytes, bytes]:
-    cert, key, _ = parts
+    cert, key = parts[:2]
     if key is None:  # the key in the certificate file, as ssl allows: gRPC takes them apart
         blocks = [(m.group(1), m.group(0)) for m in _PEM_BLOCK.finditer(cert)]
         key = b"".join(block for kind, block in blocks if kind.endswith(b"PRIVATE KEY"))

@@ -59,7 +59,7 @@ def serve_aiohttp(options: argparse.Namespace) -> None:
     from tlsreload_plugins.aiohttp import reloading
 
     app = asyncio.run(aiohttp_app())
-    context = reloading(app, options.certfile, options.keyfile, ca_certs=options.ca_certs)
+    context = reloading(app, options.certfile, options.keyfile, ca_certs=options.ca_certs, crl=options.crl)
     web.run_app(app, host=options.host, port=options.port, ssl_context=context, print=None, access_log=None)
 
 
@@ -87,7 +87,7 @@ def serve_websockets(options: argparse.Namespace) -> None:
     async def main() -> None:
         stopping = stop_on_signals()
         async with (
-            reloading_ssl(options.certfile, options.keyfile, ca_certs=options.ca_certs) as context,
+            reloading_ssl(options.certfile, options.keyfile, ca_certs=options.ca_certs, crl=options.crl) as context,
             serve(echo, options.host, options.port, ssl=context, process_request=plain_http),
         ):
             await stopping.wait()
@@ -121,7 +121,7 @@ def serve_tornado(options: argparse.Namespace) -> None:
     ssl_options: dict[str, object] = {"certfile": options.certfile, "keyfile": options.keyfile}
     if options.ca_certs:
         ssl_options.update(ca_certs=options.ca_certs, cert_reqs=ssl.CERT_REQUIRED)
-    tls = reloading_tls(ssl_options)
+    tls = reloading_tls(ssl_options, crl=options.crl)
     sockets = bind_sockets(options.port, options.host)
     lifeline = fork_with_lifeline(options.processes) if options.processes > 1 else None
     context = tls.context(stopped=lambda: lifeline is not None and closed(lifeline))
@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--certfile", required=True)
     parser.add_argument("--keyfile", required=True)
     parser.add_argument("--ca-certs")
+    parser.add_argument("--crl", help="CRLs for the CAs of --ca-certs, in the server's own convention (a keyword)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--processes", type=int, default=1)

@@ -27,11 +27,12 @@ def main() -> None:
     parser.add_argument("--keyfile", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ca-certs", help="require client certificates signed by this bundle (mutual TLS)")
+    parser.add_argument("--crl", help="CRLs for the CAs of --ca-certs")
     options = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     server = wsgi.Server(("127.0.0.1", options.port), hostile_apps.wsgi)
     try:
-        server.ssl_adapter = ReloadingSSLAdapter(options.certfile, options.keyfile, options.ca_certs)
+        server.ssl_adapter = ReloadingSSLAdapter(options.certfile, options.keyfile, options.ca_certs, crl=options.crl)
         if options.ca_certs:
             server.ssl_adapter.context.verify_mode = ssl.CERT_REQUIRED
     except CannotServe:

@@ -9,8 +9,12 @@ from test_twisted import daphne, tlsreload
 from tlstest import RenameEachLayout
 
 
-def daphne_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
-    keywords = {"caFile": client_ca} if client_ca is not None else {}
+def daphne_args(
+    port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None, crl: Path | None = None
+) -> list[str]:
+    keywords: dict[str, object] = {"caFile": client_ca} if client_ca is not None else {}
+    if crl is not None:
+        keywords["crlFile"] = crl
     *options, app = daphne(tlsreload(port, layout.cert_path, layout.key_path, **keywords))
     return [*options, *extra, app]
 

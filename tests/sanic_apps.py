@@ -52,11 +52,13 @@ def main() -> None:
     parser.add_argument("--cert", action="append", required=True, help="repeated: a list, chosen by server name")
     parser.add_argument("--key", action="append", required=True)
     parser.add_argument("--ca-certs", required=True)
+    parser.add_argument("--crl", help="CRLs for the CAs of --ca-certs: tlsreload's key beside them")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=2)
     options = parser.parse_args()
     entries = [
-        {"cert": c, "key": k, "ca_certs": options.ca_certs} for c, k in zip(options.cert, options.key, strict=True)
+        {"cert": c, "key": k, "ca_certs": options.ca_certs, **({"crl": options.crl} if options.crl else {})}
+        for c, k in zip(options.cert, options.key, strict=True)
     ]
     ssl = entries[0] if len(entries) == 1 else entries
     app.run(host="127.0.0.1", port=options.port, ssl=ssl, workers=options.workers, access_log=False)

@@ -5,7 +5,9 @@ starting with ``-m``, of a real server serving ``hostile_apps`` (``/`` with the 
 reloaders' ``status()``, ``/metrics``; every answer with an ``x-worker-pid`` header) on ``127.0.0.1:port``
 over TLS with ``layout.cert_path`` and ``layout.key_path``, in :data:`WORKERS` serving processes (or one,
 see :data:`SINGLE`), checking every ``$TLSRELOAD_INTERVAL`` with ``$TLSRELOAD_METRICS`` on. With ``client_ca`` (a
-path), the server requires client certificates signed by a CA in that bundle, in its own convention (mutual TLS).
+path), the server requires client certificates signed by a CA in that bundle, in its own convention (mutual TLS);
+with ``crl`` too (a path), it refuses those the CRLs in that file revoke, in its own convention (an option, a keyword,
+an endpoint key; gunicorn's drop-in: ``$TLSRELOAD_CRL``).
 
 A server joins the matrix with one module ``tests/kinds_<server>.py`` that calls :func:`register` at import:
 this module imports every such module, so no test file is edited to add a server.
@@ -20,6 +22,7 @@ from pathlib import Path
 from test_gunicorn import ASGI_WORKERS, DROP_IN, UVICORN, gunicorn
 from test_hypercorn import drop_in as hypercorn_drop_in
 from test_uvicorn import drop_in as uvicorn_drop_in
+from tlsreload_plugins.settings import CRL_ENV
 from tlstest import RenameEachLayout
 
 Args = Callable[..., list[str]]
@@ -49,17 +52,25 @@ def workers(kind: str) -> int:
     return 1 if kind in SINGLE else WORKERS
 
 
-def args(kind: str, port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+def args(
+    kind: str, port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None, crl: Path | None = None
+) -> list[str]:
     """The command line of ``kind`` (see the module docstring)."""
-    return KINDS[kind](port, layout, *extra, client_ca=client_ca)
+    if crl is None:
+        return KINDS[kind](port, layout, *extra, client_ca=client_ca)
+    return KINDS[kind](port, layout, *extra, client_ca=client_ca, crl=crl)
 
 
 def gunicorn_kind(worker_class: str) -> Args:
     """The command line of gunicorn with ``worker_class`` (a kind of the matrix, or one a test adds)."""
 
-    def gunicorn_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+    def gunicorn_args(
+        port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None, crl: Path | None = None
+    ) -> list[str]:
         if client_ca is not None:
             extra = ("--ca-certs", str(client_ca), "--cert-reqs", "2", *extra)
+        if crl is not None:  # the drop-in's convention: $TLSRELOAD_CRL (gunicorn's --env sets it before on_starting)
+            extra = ("--env", f"{CRL_ENV}={crl}", *extra)
         command = gunicorn(port, layout.cert_path, layout.key_path, "-c", DROP_IN, *extra, worker_class=worker_class)
         command[-1] = "hostile_apps:asgi" if worker_class in ASGI_WORKERS else "hostile_apps:wsgi"
         return command
@@ -71,15 +82,23 @@ for _worker_class in ("sync", "gthread", "gevent", "asgi", UVICORN):
     register(_worker_class, gunicorn_kind(_worker_class), log_lines_name_the_worker=True)
 
 
-def _uvicorn_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+def _uvicorn_args(
+    port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None, crl: Path | None = None
+) -> list[str]:
     if client_ca is not None:
         extra = ("--ssl-ca-certs", str(client_ca), "--ssl-cert-reqs", "2", *extra)
+    if crl is not None:
+        extra = ("--tls-crl", str(crl), *extra)
     return uvicorn_drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
 
 
-def _hypercorn_args(port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None) -> list[str]:
+def _hypercorn_args(
+    port: int, layout: RenameEachLayout, *extra: str, client_ca: Path | None = None, crl: Path | None = None
+) -> list[str]:
     if client_ca is not None:
         extra = ("--ca-certs", str(client_ca), "--verify-mode", "CERT_REQUIRED", *extra)
+    if crl is not None:
+        extra = ("--tls-crl", str(crl), *extra)
     return hypercorn_drop_in(port, layout, "--workers", str(WORKERS), *extra, app="hostile_apps:asgi")
 
 

@@ -54,8 +54,8 @@ def test_a_shared_store_written_by_a_forked_child_is_read_by_its_parent(ca: trus
         finally:
             os._exit(code)
     assert wait_for_child(pid) == 0
-    assert store.read() == (second.chain, second.key, None)
-    assert store.read("shop") == (shop.chain, shop.key, None)
+    assert store.read() == (second.chain, second.key, None, None)
+    assert store.read("shop") == (shop.chain, shop.key, None, None)
     assert store.read("elsewhere") is None
 
 
@@ -72,7 +72,7 @@ def test_a_torn_region_falls_back_to_the_other(ca: trustme.CA) -> None:
     store._map[store._base(newest_region(store)) + 100] ^= 0xFF
     fresh = SharedStore.__new__(SharedStore)  # another process's view: nothing cached
     vars(fresh).update(vars(store), _cached=(-1, 0, {}))
-    assert fresh.read() == (first.chain, first.key, None)
+    assert fresh.read() == (first.chain, first.key, None, None)
 
 
 def test_writers_in_several_processes_at_once_lose_nothing(ca: trustme.CA) -> None:
@@ -93,7 +93,7 @@ def test_writers_in_several_processes_at_once_lose_nothing(ca: trustme.CA) -> No
         pids.append(pid)
     assert [wait_for_child(pid) for pid in pids] == [0] * 4
     for name, (one, _) in pairs.items():
-        assert store.read(name) == (one.chain, one.key, None), name
+        assert store.read(name) == (one.chain, one.key, None, None), name
 
 
 def test_identities_sharing_a_ca_bundle_keep_it_once_and_can_be_forgotten(ca: trustme.CA) -> None:
@@ -104,10 +104,10 @@ def test_identities_sharing_a_ca_bundle_keep_it_once_and_can_be_forgotten(ca: tr
         store.write(Snapshot(TLSFiles("tls.crt", "tls.key", "ca.pem"), pair.chain, pair.key, bundle), name)
     generation, length, _ = _HEADER.unpack_from(store._map, store._base(newest_region(store)))
     assert length < len(bundle) + sum(len(p.chain) + len(p.key) for p in sites.values()) + 4096
-    assert store.read("site7") == (sites["site7"].chain, sites["site7"].key, bundle)
+    assert store.read("site7") == (sites["site7"].chain, sites["site7"].key, bundle, None)
     store.forget("site7")
     assert store.read("site7") is None
-    assert store.read("site8") == (sites["site8"].chain, sites["site8"].key, bundle)
+    assert store.read("site8") == (sites["site8"].chain, sites["site8"].key, bundle, None)
     store.forget("site7")  # forgetting twice changes nothing
     assert _HEADER.unpack_from(store._map, store._base(newest_region(store)))[0] == generation + 1
 
@@ -119,7 +119,7 @@ def test_a_full_store_keeps_what_it_had_and_says_so_once(ca: trustme.CA, caplog:
     big = issue(ca, "big.test")
     for _ in range(3):
         store.write(snapshot_of(big), "big")  # does not fit beside the first one: never raises
-    assert store.read() == (pair.chain, pair.key, None)
+    assert store.read() == (pair.chain, pair.key, None, None)
     assert store.read("big") is None
     full = [r.getMessage() for r in caplog.records if "is not kept" in r.getMessage()]
     assert len(full) == 1 and "SNI identity big" in full[0], full
@@ -131,8 +131,8 @@ def test_a_store_pickled_outside_a_process_start_is_a_copy(ca: trustme.CA) -> No
     store.write(snapshot_of(pair))
     store.write(snapshot_of(shop), "shop")
     copy = pickle.loads(pickle.dumps(store))
-    assert copy.read() == (pair.chain, pair.key, None)
-    assert copy.read("shop") == (shop.chain, shop.key, None)
+    assert copy.read() == (pair.chain, pair.key, None, None)
+    assert copy.read("shop") == (shop.chain, shop.key, None, None)
     copy.forget("shop")
     assert copy.read("shop") is None and store.read("shop") is not None
 
@@ -180,7 +180,7 @@ def test_a_reloader_started_on_broken_files_serves_the_last_good_then_the_files(
         key.write_bytes(newer.key)
         assert reloader.check() is Outcome.RELOADED
         assert served_serial(port, client) == newer.serial
-    assert last_good.store.read() == (newer.chain, newer.key, None)  # what it now serves is kept
+    assert last_good.store.read() == (newer.chain, newer.key, None, None)  # what it now serves is kept
 
 
 def test_an_expired_last_good_is_not_served(tmp_path: Path, ca: trustme.CA) -> None:
@@ -203,7 +203,7 @@ def test_nothing_kept_is_the_usual_start_up_error(tmp_path: Path) -> None:
 def test_the_table_round_trips_and_refuses_what_it_did_not_write(ca: trustme.CA) -> None:
     pair = issue(ca)
     leaf = validate(snapshot_of(pair))
-    table = {"": ((pair.chain, pair.key, None), leaf), "shop": ((pair.chain, None, b"ca bundle"), None)}
+    table = {"": ((pair.chain, pair.key, None, None), leaf), "shop": ((pair.chain, None, b"ca bundle", None), None)}
     assert decode(encode(table)) == table
     for garbage in (b"", b"\xff" * 16, encode(table)[:-3]):
         with pytest.raises(ValueError):
@@ -243,7 +243,7 @@ def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_p
         layout.install(third)
         out.with_suffix(".step").write_text("reload")
         assert result("reload") == {"serial": third.serial, "outcome": "reloaded", "cryptography": False, "kept": True}
-        assert store.read() == (third.chain, third.key, None)
+        assert store.read() == (third.chain, third.key, None, None)
         # A pair the keeper refuses: the worker judges it itself, refuses it, and keeps serving the third.
         layout.write_raw(first.chain, third.key)
         out.with_suffix(".step").write_text("bad")

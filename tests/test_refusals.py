@@ -45,7 +45,7 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> list[Snapshot]:
 
 def test_the_table_keeps_refusals_beside_the_identities(ca: trustme.CA) -> None:
     pair = issue(ca)
-    table = {"": ((pair.chain, pair.key, None), None)}
+    table = {"": ((pair.chain, pair.key, None, None), None)}
     refusals = {"shop": ("digest:password", "key file k does not match", "k"), "": ("d:p", "torn", None)}
     payload = encode(table, refusals)
     assert decode(payload) == table and decode_refusals(payload) == refusals

@@ -459,7 +459,7 @@ def test_a_process_started_on_broken_files_serves_each_identity_s_last_good(
     with sni_server(tmp_path, ca, str(sni), store=store) as first:
         a2 = install(layout_a, issue(ca, "a.test"))  # rotated while running: the newest is what is kept
         wait_until(lambda: sni_serial(first.port, verifying(ca), "a.test") == a2.serial, DEADLINE, what="a rotated")
-        wait_until(lambda: store.read("a") == (a2.chain, a2.key, None), DEADLINE, what="a's new pair kept")
+        wait_until(lambda: store.read("a") == (a2.chain, a2.key, None, None), DEADLINE, what="a's new pair kept")
         layout_a.write_raw(a2.chain, issue(ca, "a.test").key)  # then broken
         with sni_server(tmp_path, ca, str(sni), store=store) as restarted:
             assert sni_serial(restarted.port, verifying(ca), "a.test") == a2.serial
@@ -472,7 +472,7 @@ def test_a_process_started_on_broken_files_serves_each_identity_s_last_good(
         # Removed from its directory: forgotten, so that a later process never serves it again.
         _remove_tree(sni / "a")
         wait_until(lambda: store.read("a") is None, DEADLINE, what="a forgotten once removed")
-        assert store.read("b") == (b.chain, b.key, None)
+        assert store.read("b") == (b.chain, b.key, None, None)
 
 
 def test_an_identity_never_served_before_is_not_served_broken(tmp_path: Path, ca: trustme.CA) -> None:

@@ -173,7 +173,7 @@ def test_a_name_asked_of_a_process_behind_a_rotation_gets_the_new_leaf(tmp_path:
         return first.reloaders()[identity].leaf.serial == rotated.serial
 
     wait_until(first_rotated, DEADLINE, what="the first process reloaded")
-    assert store.read(identity) == (rotated.chain, rotated.key, None)
+    assert store.read(identity) == (rotated.chain, rotated.key, None, None)
     assert second.reloaders()[identity].leaf.serial == many.pairs[identity].serial  # not checked yet
     context = second.context_for(many.names[identity])
     assert context is not None

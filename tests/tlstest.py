@@ -69,6 +69,52 @@ def serial_of(der: bytes) -> str:
     return serial_hex(x509.load_der_x509_certificate(der).serial_number)
 
 
+# --- revocation lists -----------------------------------------------------------------------
+
+
+def ca_key(ca: trustme.CA) -> Any:
+    """The private key of ``ca``."""
+    return serialization.load_pem_private_key(ca.private_key_pem.bytes(), None)
+
+
+def crl_pem(
+    ca: trustme.CA,
+    *revoked: Pair,
+    next_update: datetime.timedelta = datetime.timedelta(days=1),
+    last_update: datetime.timedelta = datetime.timedelta(minutes=-5),
+    signer: trustme.CA | None = None,
+) -> bytes:
+    """A CRL issued by ``ca`` (its name and key id) revoking the leaves of ``revoked``, its ``thisUpdate`` and
+    ``nextUpdate`` that far from now, signed by ``ca``'s key (or ``signer``'s: a forgery naming ``ca``)."""
+    from cryptography.hazmat.primitives import hashes
+
+    issuer = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(issuer.subject)
+        .last_update(now + last_update)
+        .next_update(now + next_update)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.public_key()), critical=False)  # type: ignore[arg-type]
+        .add_extension(x509.CRLNumber(int(time.time() * 1000)), critical=False)
+    )
+    for pair in revoked:
+        serial = x509.load_pem_x509_certificate(pair.leaf).serial_number
+        entry = (
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now - datetime.timedelta(minutes=5))
+        )
+        builder = builder.add_revoked_certificate(entry.build())
+    crl = builder.sign(ca_key(signer or ca), hashes.SHA256())
+    return crl.public_bytes(serialization.Encoding.PEM)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` at ``path`` the way tools publish a file: beside it, then renamed into place."""
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_bytes(data)
+    os.replace(staged, path)
+
+
 # --- real TLS clients -----------------------------------------------------------------------
 
 

@@ -7,7 +7,11 @@ certbot deploy hook, a cert-manager workflow or a Kubernetes probe. Exit status:
 * 0: the pair is usable and the certificate is valid now (and beyond ``--warn-days``);
 * 1: the pair is not usable (a reloader would refuse it); the reason is on stderr;
 * 2: the command line is wrong;
-* 3: the pair is usable, but the certificate is expired, not yet valid, or expires within ``--warn-days``.
+* 3: the pair is usable, but the certificate is expired, not yet valid, or expires within ``--warn-days``, or the
+  CRLs (``--crl``) are past their ``nextUpdate``.
+
+With ``--crl``, it also describes each CRL (issuer, ``nextUpdate``, how many revoked), names the CAs of the bundle
+that no CRL covers, and which of the client certificates given with ``--client-cert`` the CRLs revoke.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from tlsreload_plugins import __version__
 from tlsreload_plugins.demo import run as demo
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.examine import load_identity
-from tlsreload_plugins.files import TLSFiles, password_file
-from tlsreload_plugins.identity import Leaf
+from tlsreload_plugins.files import TLSFiles, password_file, read_files
+from tlsreload_plugins.identity import Leaf, serial_hex
+from tlsreload_plugins.revocation import describe_crls, load_crls
 from tlsreload_plugins.serving.configured import server_context
-from tlsreload_plugins.settings import PASSWORD_FILE_ENV
+from tlsreload_plugins.settings import CRL_ENV, PASSWORD_FILE_ENV
 from tlsreload_plugins.sni.discovery import discover, resolve_directories
 from tlsreload_plugins.sni.summary import summarize
 from tlsreload_plugins.watch import command as watch
@@ -62,7 +67,14 @@ def check_files(files: TLSFiles, password: bytes | None = None) -> Leaf:
 
 
 def judge_validity(leaf: Leaf, now: datetime, warn_days: float | None) -> Verdict:
-    """Exit status for a usable ``leaf`` at ``now``: expired, not yet valid, or too close to expiry fail."""
+    """Exit status for a usable ``leaf`` at ``now``: expired, not yet valid, or too close to expiry fail, and so do
+    CRLs past their ``nextUpdate``."""
+    revocation = leaf.revocation
+    if revocation is not None and revocation.next_update is not None and now >= revocation.next_update:
+        return Verdict(
+            EXIT_EXPIRY,
+            f"the CRL's nextUpdate passed at {revocation.next_update.isoformat()}: every client certificate is refused",
+        )
     if now >= leaf.not_after:
         return Verdict(EXIT_EXPIRY, f"the certificate expired at {leaf.not_after.isoformat()}")
     if now < leaf.not_before:
@@ -91,6 +103,43 @@ def describe_leaf(files: TLSFiles, leaf: Leaf, now: datetime) -> str:
         ("sha256", leaf.sha256),
     ]
     return "\n".join(f"{name + ':':<12}{value}" for name, value in rows)
+
+
+def describe_revocation(files: TLSFiles, clients: Sequence[str]) -> list[str]:
+    """The lines ``check`` prints about the CRLs of ``files`` (already validated): one per CRL, one per CA of the
+    bundle no CRL covers, and one per client certificate (the files ``clients``) a CRL revokes.
+
+    Raises:
+        InvalidIdentity: a client certificate file cannot be read or parsed.
+    """
+    from cryptography import x509
+
+    if not files.crl or not files.ca_certs:
+        return []
+    snapshot = read_files(files)
+    assert snapshot.ca is not None and snapshot.crl is not None
+    cas = x509.load_pem_x509_certificates(snapshot.ca)
+    certs = []
+    for path in clients:
+        try:
+            with open(path, "rb") as f:
+                certs.append(x509.load_pem_x509_certificate(f.read()))
+        except (OSError, ValueError) as e:
+            raise InvalidIdentity(f"client certificate {path} cannot be read: {e}", path=path) from None
+    lines = []
+    for line, revoked in describe_crls(snapshot.crl, files.crl, cas, certs):
+        lines.append(f"{'crl:':<12}{line}")
+        lines += [
+            f"{'revokes:':<12}serial {serial_hex(cert.serial_number)} subject={cert.subject.rfc4514_string() or '-'}"
+            for cert in revoked
+        ]
+    covered = {crl.issuer for crl in load_crls(snapshot.crl, files.crl)}
+    lines += [
+        f"{'no_crl:':<12}{ca.subject.rfc4514_string() or '-'} (its client certificates are all refused)"
+        for ca in cas
+        if ca.subject not in covered
+    ]
+    return lines
 
 
 def _non_negative_days(value: str) -> float:
@@ -174,6 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="client CA bundle (PEM) the server verifies clients against (also --ca-certs, --ssl-ca-certs)",
     )
     check.add_argument(
+        "--crl",
+        "--tls-crl",
+        dest="crl",
+        metavar="PATH",
+        help=f"CRLs (PEM) for the CAs of --ca, as the servers read ${CRL_ENV} (also --tls-crl)",
+    )
+    check.add_argument(
+        "--client-cert",
+        action="append",
+        metavar="PATH",
+        help="with --crl: a client certificate (PEM) to say whether the CRLs revoke it; repeatable",
+    )
+    check.add_argument(
         "--password-file",
         metavar="PATH",
         help=f"file whose first line is the key's password, as the servers read ${PASSWORD_FILE_ENV} "
@@ -246,16 +308,22 @@ def run_check(args: argparse.Namespace) -> int:
     """``tlsreload check``: print the certificate's details; return the exit status."""
     if args.directory is not None:
         return run_check_directory(args)
-    files = TLSFiles(args.cert, args.key or None, args.ca or None)
+    files = TLSFiles(args.cert, args.key or None, args.ca or None, args.crl or None)
+    if files.crl and not files.ca_certs:
+        print("tlsreload check: --crl needs --ca, the client-CA bundle it revokes certificates of", file=sys.stderr)
+        return EXIT_USAGE
     try:
         path = args.password_file or os.environ.get(PASSWORD_FILE_ENV)
         password = read_password_file(path) if path else None
         leaf = check_files(files, password)
+        crl_lines = describe_revocation(files, args.client_cert or [])
     except InvalidIdentity as e:
         print(f"tlsreload check: NOT USABLE: {e}", file=sys.stderr)
         return EXIT_UNUSABLE
     now = datetime.now(timezone.utc)
     print(describe_leaf(files, leaf, now))
+    for line in crl_lines:
+        print(line)
     verdict = judge_validity(leaf, now, args.warn_days)
     if verdict.reason is not None:
         if leaf.not_before <= now < leaf.not_after:

@@ -19,13 +19,16 @@ from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, password_digest, verdict
+from tlsreload_plugins.lastgood.memory_files import check_revocation_of
 from tlsreload_plugins.validation.child import Unjudged
 
 Recipe = Callable[[], ssl.SSLContext]
 
 
-def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLContext:
-    """Call the server's recipe (which reads ``files``, named in errors when given).
+def build_context(recipe: Recipe, files: TLSFiles | None = None, crl: bytes | None = None) -> ssl.SSLContext:
+    """Call the server's recipe (which reads ``files``, named in errors when given), and have the context it
+    returns check client certificates against the CRLs ``crl`` (the validated bytes of ``files.crl``; ``None``:
+    none), which no server's own recipe does.
 
     Raises:
         InvalidIdentity: the recipe raised anything (OpenSSL refusing the files, a bug in a user's
@@ -34,6 +37,8 @@ def build_context(recipe: Recipe, files: TLSFiles | None = None) -> ssl.SSLConte
     """
     try:
         context = recipe()
+        if crl is not None and isinstance(context, ssl.SSLContext):
+            check_revocation_of(context, crl)
     except Exception as e:
         detail = str(e) if isinstance(e, (ssl.SSLError, OSError)) else f"{type(e).__name__}: {e}"
         source = f" {files.describe()}" if files is not None else ""
@@ -51,7 +56,7 @@ def load_identity(files: TLSFiles, recipe: Recipe, password: Password = None) ->
     the reason."""
     snapshot = read_files(files)
     leaf = verdict(snapshot, password, None)
-    return snapshot, leaf, build_context(recipe, files)
+    return snapshot, leaf, build_context(recipe, files, snapshot.crl)
 
 
 def first_identity(
@@ -77,7 +82,7 @@ def first_identity(
     try:
         snapshot = read_files(files)
         leaf = verdict(snapshot, password, last_good, defer=defer, keep=True)
-        live = build_context(recipe, files)
+        live = build_context(recipe, files, snapshot.crl)
     except InvalidIdentity as e:
         if last_good is None:
             raise
@@ -239,7 +244,7 @@ def examine_files(
     except InvalidIdentity as e:
         return Examined(fingerprint=observed, leaf=leaf, error=e, password=password_digest(password))
     try:
-        context = build_context(recipe, files)
+        context = build_context(recipe, files, snapshot.crl)
     except InvalidIdentity as e:
         # Not remembered as bad content: the recipe reads the files again, maybe mid-rotation.
         if fingerprint(read_files(files)) != observed:

@@ -31,12 +31,14 @@ class TLSFiles:
     """The paths that make up one TLS identity.
 
     ``keyfile`` may be ``None`` when the key is in ``certfile`` (as :mod:`ssl` allows);
-    ``ca_certs`` is the optional bundle of CAs that client certificates are verified against.
+    ``ca_certs`` is the optional bundle of CAs that client certificates are verified against, and ``crl``
+    an optional PEM file of certificate revocation lists for the CAs of that bundle (it needs ``ca_certs``).
     """
 
     certfile: str
     keyfile: str | None = None
     ca_certs: str | None = None
+    crl: str | None = None
 
     def describe(self) -> str:
         """One line naming the files, for logs."""
@@ -45,6 +47,8 @@ class TLSFiles:
             parts.append(f"key={self.keyfile}")
         if self.ca_certs:
             parts.append(f"ca={self.ca_certs}")
+        if self.crl:
+            parts.append(f"crl={self.crl}")
         return " ".join(parts)
 
 
@@ -56,6 +60,20 @@ class Snapshot:
     cert: bytes
     key: bytes | None
     ca: bytes | None
+    crl: bytes | None = None
+
+    @property
+    def parts(self) -> tuple[bytes, bytes | None, bytes | None, bytes | None]:
+        """The bytes of the certificate, key, client-CA and CRL files, in that order (``None``: no such file)."""
+        return self.cert, self.key, self.ca, self.crl
+
+    @property
+    def trust(self) -> bytes | None:
+        """What client certificates are judged by: the client-CA bundle and its CRLs (``None``: no bundle).
+        A change of either is a change of trust: no session made before it may resume after it."""
+        if self.ca is None:
+            return None
+        return self.ca if self.crl is None else b"%d:%s%s" % (len(self.ca), self.ca, self.crl)
 
 
 _KINDS = {
@@ -151,6 +169,7 @@ def read_files(files: TLSFiles) -> Snapshot:
         cert=_read(files.certfile, "certificate"),
         key=_read(files.keyfile, "key") if files.keyfile else None,
         ca=_read(files.ca_certs, "client CA") if files.ca_certs else None,
+        crl=_read(files.crl, "CRL") if files.crl else None,
     )
 
 
@@ -158,10 +177,12 @@ def fingerprint(snapshot: Snapshot) -> str:
     """A digest of the content of every file: equal when, and only when, no byte changed.
 
     Metadata (mtime, mode, owner, inode) is deliberately not part of it: chmod storms and
-    touch cause nothing.
+    touch cause nothing. A CRL is read with the other files and is part of the same digest: a client-CA bundle and
+    its CRLs written together are one change.
     """
     digest = hashlib.sha256()
-    for part in (snapshot.cert, snapshot.key, snapshot.ca):
+    parts = snapshot.parts if snapshot.crl is not None else (snapshot.cert, snapshot.key, snapshot.ca)
+    for part in parts:
         if part is None:
             digest.update(b"-")
         else:

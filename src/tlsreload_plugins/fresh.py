@@ -95,6 +95,7 @@ def fresh_context(
     keyfile: str | None = None,
     *,
     ca_certs: str | None = None,
+    crl: str | None = None,
     password_file: str | None = None,
     sni: Iterable[str] | str | None = None,
     interval: float | None = None,
@@ -111,6 +112,8 @@ def fresh_context(
         ca_certs: a bundle of CAs client certificates are verified against. Given to a server it means
             mutual TLS: the default recipe sets ``verify_mode = ssl.CERT_REQUIRED`` (a client without a
             certificate is refused). Reloaded like the pair.
+        crl: a PEM file of certificate revocation lists for the CAs of ``ca_certs`` (default ``$TLSRELOAD_CRL``):
+            client certificates they revoke are refused. Reloaded with the bundle, as one change.
         password_file: a file whose first line is the key's password, read again on each reload (default
             ``$TLSRELOAD_KEY_PASSWORD_FILE``, else none).
         sni: directories of more identities, chosen by the server name a client asks for (a sequence,
@@ -164,6 +167,7 @@ def fresh_context(
         files.keyfile,
         recipe=lambda: recipe_for(files),
         ca_certs=files.ca_certs,
+        crl=crl,
         password=password,
         interval=interval,
     )

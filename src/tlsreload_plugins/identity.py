@@ -16,15 +16,17 @@ the calling process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, password_bytes
+from tlsreload_plugins.revocation import Revocation, judge_crl_dates, judge_crls
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -52,14 +54,66 @@ class Leaf:
     not_before: datetime
     not_after: datetime
     sha256: str
+    revocation: Revocation | None = None
+    """What the CRLs served with it say (``None``: no CRL is configured)."""
     purposes: tuple[str, ...] | None = None
     """The dotted OIDs of the certificate's extended key usage (``1.3.6.1.5.5.7.3.2``: client authentication),
-    ``None`` when it has none (any purpose) or when the leaf was kept by a version that did not record it."""
+    ``None`` when it has none (any purpose)."""
 
     def describe(self) -> str:
-        """One line for logs: serial, subject, names and expiry."""
+        """One line for logs: serial, subject, names and expiry (and the CRLs, when there are)."""
         sans = ",".join(self.sans) or "-"
-        return f"serial={self.serial} subject={self.subject or '-'} sans={sans} not_after={self.not_after.isoformat()}"
+        crl = f" crl: {self.revocation.describe()}" if self.revocation is not None else ""
+        return (
+            f"serial={self.serial} subject={self.subject or '-'} sans={sans} not_after={self.not_after.isoformat()}"
+            + crl
+        )
+
+    def fields(self) -> list[object]:
+        """The leaf as plain values (strings, numbers, lists): how it travels as JSON (:meth:`from_fields`)."""
+        revocation = self.revocation
+        crl = (
+            None
+            if revocation is None
+            else [
+                revocation.last_update.isoformat(),
+                None if revocation.next_update is None else revocation.next_update.isoformat(),
+                revocation.revoked,
+                list(revocation.uncovered),
+            ]
+        )
+        when = (self.not_before.isoformat(), self.not_after.isoformat())
+        purposes = None if self.purposes is None else list(self.purposes)
+        return [self.subject, self.serial, list(self.sans), *when, self.sha256, crl, purposes]
+
+    @classmethod
+    def from_fields(cls, fields: list[Any]) -> Leaf:
+        """The leaf :meth:`fields` described.
+
+        Raises:
+            TypeError, ValueError: ``fields`` is not what :meth:`fields` returns.
+        """
+        subject, serial, sans, not_before, not_after, sha256, crl, purposes = fields
+        when = datetime.fromisoformat
+        revocation = None
+        if crl is not None:
+            last, next_update, revoked, uncovered = crl
+            revocation = Revocation(
+                when(str(last)),
+                None if next_update is None else when(str(next_update)),
+                int(revoked),
+                tuple(str(name) for name in uncovered),
+            )
+        return cls(
+            str(subject),
+            str(serial),
+            tuple(str(san) for san in sans),
+            when(str(not_before)),
+            when(str(not_after)),
+            str(sha256),
+            revocation,
+            None if purposes is None else tuple(str(oid) for oid in purposes),
+        )
 
 
 @contextlib.contextmanager
@@ -241,8 +295,10 @@ def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
 
     The chain must parse completely and fit in what a client accepts (:data:`MAX_CERT_LIST_BYTES`),
     every extension of the leaf must parse, the key must parse (with ``password`` when it is
-    encrypted) and must be the key of the first (leaf) certificate, and the client-CA bundle, when
-    configured, must parse. The validity period is not judged here: see :func:`judge_period`.
+    encrypted) and must be the key of the first (leaf) certificate, the client-CA bundle, when
+    configured, must parse, and its CRLs, when configured, must parse and be signed by a CA of the bundle
+    (:func:`~tlsreload_plugins.revocation.judge_crls`). The validity period is not judged here: see
+    :func:`judge_period`.
 
     Raises:
         InvalidIdentity: for any of the above, and for anything a parser raises; nothing else escapes.
@@ -277,18 +333,30 @@ def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
             f"(serial {info.serial}): the two were not issued together",
             path=key_path,
         )
+    cas = []
     if snapshot.ca is not None and files.ca_certs:
         with _unexpected(files.ca_certs, "the client CA bundle"):
-            _load_certificates(snapshot.ca, files.ca_certs, "client CA")
+            cas = _load_certificates(snapshot.ca, files.ca_certs, "client CA")
+    if snapshot.crl is not None and files.crl:
+        if not cas:
+            raise InvalidIdentity(
+                f"CRL file {files.crl} is configured without a client-CA bundle: there is nothing for it to revoke",
+                path=files.crl,
+            )
+        with _unexpected(files.crl, "the CRL"):
+            return dataclasses.replace(info, revocation=judge_crls(snapshot.crl, files.crl, cas))
     return info
 
 
 def judge_period(leaf: Leaf, files: TLSFiles, now: datetime) -> None:
-    """Refuse a certificate no client accepts at ``now``: expired, or not valid yet.
+    """Refuse a certificate no client accepts at ``now``: expired, or not valid yet; and CRLs with which no
+    client certificate is accepted at ``now`` (:func:`~tlsreload_plugins.revocation.judge_crl_dates`).
 
     Raises:
-        InvalidIdentity: naming the certificate file and the date.
+        InvalidIdentity: naming the certificate (or CRL) file and the date.
     """
+    if leaf.revocation is not None and files.crl:
+        judge_crl_dates(leaf.revocation, files.crl, now)
     if now >= leaf.not_after:
         raise InvalidIdentity(
             f"certificate file {files.certfile} holds a certificate that expired at {leaf.not_after.isoformat()} "

@@ -16,7 +16,9 @@ identity, an SNI identity's name for that identity, see :mod:`tlsreload_plugins.
 * ``tlsreload_reload_successes_total``: reloads, i.e. new certificates being served;
 * ``tlsreload_reload_failures_total``: failures reported (one per distinct bad content);
 * ``tlsreload_certificate_not_after_timestamp_seconds``: when the served certificate expires;
-* ``tlsreload_last_success_timestamp_seconds``: when a check last found a usable identity on disk.
+* ``tlsreload_last_success_timestamp_seconds``: when a check last found a usable identity on disk;
+* ``tlsreload_crl_next_update_timestamp_seconds``: with a CRL file configured, the earliest ``nextUpdate`` of the
+  CRLs served (past it, OpenSSL refuses every client certificate); a CRL refused counts as a reload failure.
 
 SNI identities (:mod:`tlsreload_plugins.sni.identities`) have these series each when a server has at most
 :data:`PER_IDENTITY_UP_TO` of them, or with ``TLSRELOAD_METRICS=per-identity``; beyond, the aggregates of
@@ -24,7 +26,7 @@ SNI identities (:mod:`tlsreload_plugins.sni.identities`) have these series each 
 ``tlsreload_sni_soonest_not_after_timestamp_seconds{identity}``.
 
 Under gunicorn (several worker processes) set ``PROMETHEUS_MULTIPROC_DIR`` as prometheus_client
-documents: counters are summed over all workers and both gauges report the minimum over live workers
+documents: counters are summed over all workers and the gauges report the minimum over live workers
 (``livemin``); docs/metrics.md says how to mark exited workers dead.
 
 Without ``prometheus_client`` installed, :func:`observe` does nothing and returns ``False``.
@@ -145,6 +147,7 @@ class _Families:
     failures: Counter
     not_after: Gauge
     last_success: Gauge
+    crl_next_update: Gauge
 
 
 _lock = threading.RLock()
@@ -208,6 +211,14 @@ def _create(registry: CollectorRegistry | None) -> _Families:
             registry=target,
             multiprocess_mode=GAUGE_MULTIPROCESS_MODE,
         ),
+        crl_next_update=Gauge(
+            "tlsreload_crl_next_update_timestamp_seconds",
+            "The earliest nextUpdate of the served CRLs, as a Unix timestamp: past it, every client certificate is "
+            "refused.",
+            labels,
+            registry=target,
+            multiprocess_mode=GAUGE_MULTIPROCESS_MODE,
+        ),
     )
 
 
@@ -255,11 +266,14 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         failures = families.failures.labels(certfile, identity)
         not_after = families.not_after.labels(certfile, identity)
         last_success = families.last_success.labels(certfile, identity)
+        # Only for a reloader serving CRLs: a server without them shows no series.
+        crl_next_update = families.crl_next_update.labels(certfile, identity) if reloader.files.crl else None
         status = reloader.status()
         failures.inc(status.failures)  # reported before metrics were set up (a start on the last good identity)
         attempts.inc(status.failures)
         not_after.set(status.leaf.not_after.timestamp())
         last_success.set(status.last_success)
+        _set_next_update(crl_next_update, status.leaf)
     except Exception as e:  # e.g. PROMETHEUS_MULTIPROC_DIR missing: metrics must never stop TLS serving
         log.warning("Prometheus metrics for %s are off: %s: %s", certfile, type(e).__name__, e)
         with _lock:
@@ -280,6 +294,14 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
             attempts.inc()
         not_after.set(status.leaf.not_after.timestamp())
         last_success.set(status.last_success)
+        _set_next_update(crl_next_update, status.leaf)
 
     reloader.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
     return True
+
+
+def _set_next_update(gauge: Gauge | None, leaf: Leaf) -> None:
+    """Set ``gauge`` to the served CRLs' earliest ``nextUpdate`` (``+Inf`` when none has one)."""
+    revocation = leaf.revocation
+    if gauge is not None and revocation is not None:
+        gauge.set(revocation.next_update.timestamp() if revocation.next_update is not None else float("inf"))

@@ -4,7 +4,8 @@
 Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Reloader` returns an
 :class:`Outcome` from every check, hands out its state as a :class:`Status`, asks its
 :class:`Settling` whether a bad content is reported now, and :func:`warn_expiry` whether the served
-certificate's expiry is.
+certificate's expiry is (:func:`warn_revocation`: when the served CRLs' is, :func:`warn_uncovered`: which CAs
+have none).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.identity import Leaf
@@ -107,3 +109,57 @@ def warn_expiry(
             leaf.describe(),
         )
     return now
+
+
+CRLWarning = Literal["soon", "passed"]
+"""The last warning given about the served CRLs' ``nextUpdate``: it is near, or it has passed."""
+
+
+def warn_revocation(
+    log: logging.Logger, leaf: Leaf, files: TLSFiles, now: float, last: CRLWarning | None
+) -> CRLWarning | None:
+    """Warn on ``log`` (the reloader's) once that the CRLs served with ``leaf`` near their ``nextUpdate``
+    (:meth:`~tlsreload_plugins.revocation.Revocation.warn_at`), and say once, as an error, when it has passed:
+    OpenSSL then refuses every client certificate. ``last``: the warning given so far for these CRLs (``None``:
+    none). Returns the warning given by now."""
+    revocation = leaf.revocation
+    warn_at = revocation.warn_at() if revocation is not None else None
+    if revocation is None or revocation.next_update is None or warn_at is None or now < warn_at:
+        return last
+    if now >= revocation.next_update.timestamp():
+        if last != "passed":
+            log.error(
+                "the CRL served from %s passed its nextUpdate at %s and no newer valid one is on disk: every client "
+                "certificate is refused (OpenSSL fails closed on an expired CRL) until the CRL is renewed",
+                files.crl,
+                revocation.next_update.isoformat(),
+            )
+        return "passed"
+    if last is None:
+        log.warning(
+            "the CRL served from %s needs renewing: its nextUpdate is %s (in %.1f hours), after which every client "
+            "certificate is refused, and no newer one is on disk yet",
+            files.crl,
+            revocation.next_update.isoformat(),
+            (revocation.next_update.timestamp() - now) / 3600,
+        )
+    return "soon"
+
+
+def warn_uncovered(log: logging.Logger, leaf: Leaf, files: TLSFiles, old: Leaf | None) -> None:
+    """Name on ``log`` the CAs of the client-CA bundle that the CRLs served with ``leaf`` do not cover (OpenSSL
+    refuses every client certificate they issued): when starting (``old`` is ``None``), and when a reload from
+    ``old`` changes which they are."""
+    revocation = leaf.revocation
+    if revocation is None or not revocation.uncovered:
+        return
+    if old is not None and old.revocation is not None and old.revocation.uncovered == revocation.uncovered:
+        return
+    log.warning(
+        "the CRL file %s holds no CRL for %d CA(s) of the client-CA bundle %s, whose client certificates are "
+        "therefore all refused: %s",
+        files.crl,
+        len(revocation.uncovered),
+        files.ca_certs,
+        "; ".join(revocation.uncovered),
+    )

@@ -42,8 +42,16 @@ from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, r
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_served
 from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
-from tlsreload_plugins.outcome import Outcome, Settling, Status, warn_expiry
-from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
+from tlsreload_plugins.outcome import (
+    CRLWarning,
+    Outcome,
+    Settling,
+    Status,
+    warn_expiry,
+    warn_revocation,
+    warn_uncovered,
+)
+from tlsreload_plugins.settings import resolve_crl, resolve_expiry_warning_days, resolve_interval, resolve_password
 
 # build_context and load_identity: docs/core.md documents them under this module, for start-up checks of one's own.
 __all__ = ["Offload", "Reloader", "Route", "SNICallback", "build_context", "create_connections_on", "load_identity"]
@@ -91,8 +99,9 @@ def create_connections_on(context: ssl.SSLContext, newest: Callable[[], ssl.SSLC
 
 _reloaders: weakref.WeakSet[Reloader] = weakref.WeakSet()
 _trust_of: weakref.WeakKeyDictionary[ssl.SSLContext, bytes | None] = weakref.WeakKeyDictionary()
-"""The client-CA bytes each context a reloader created connections on was built with: a connection created on a
-context whose trust is no longer the newest one's is refused at its ClientHello (see ``Reloader._on_client_hello``)."""
+"""The trust (client-CA and CRL bytes: :attr:`Snapshot.trust <tlsreload_plugins.files.Snapshot.trust>`) each context a
+reloader created connections on was built with: a connection created on a context whose trust is no longer the newest
+one's is refused at its ClientHello (see ``Reloader._on_client_hello``)."""
 
 
 def _after_fork_in_child() -> None:
@@ -137,6 +146,13 @@ class Reloader:
     :data:`~tlsreload_plugins.examine.FIXED_SETTINGS`); a rebuilt context that differs in them is logged as a
     warning.
 
+    ``crl`` (else ``$TLSRELOAD_CRL``): a PEM file of certificate revocation lists for the CAs of ``ca_certs``, read
+    and validated with the other files (:func:`~tlsreload_plugins.revocation.judge_crls`), so that a bundle and its
+    CRLs written together are one change; every context built checks client certificates against the CRLs validated
+    (:func:`~tlsreload_plugins.revocation.check_revocation`). A CA of the bundle without a CRL is named at start
+    (OpenSSL refuses the clients it issued), a warning comes ahead of the served CRLs' ``nextUpdate``, and an error
+    once it has passed (OpenSSL then refuses every client certificate).
+
     ``on_reload(old_leaf, new_leaf)``, ``on_failure(error)`` and ``on_check(outcome, status)`` are called
     after a reload, after each newly reported failure and after every check. More can be added later with
     :meth:`add_callbacks` (metrics, an adapter's hooks); exceptions they raise are logged and swallowed.
@@ -164,6 +180,7 @@ class Reloader:
         *,
         recipe: Recipe,
         ca_certs: str | None = None,
+        crl: str | None = None,
         password: Password = None,
         interval: float | None = None,
         expiry_warning_days: float | None = None,
@@ -176,7 +193,10 @@ class Reloader:
         read: Snapshot | None = None,
         verdict: Leaf | None = None,
     ) -> None:
-        self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
+        crl = resolve_crl(crl)
+        if crl and not ca_certs:
+            raise ValueError(f"a CRL ({crl}) needs the client-CA bundle it revokes certificates of: ca_certs")
+        self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None, crl or None)
         self.recipe = recipe
         self.password = resolve_password(password)
         self.interval = resolve_interval(interval)
@@ -223,11 +243,13 @@ class Reloader:
         self._last_error: str | None = None
         self._last_success = clock()
         self._last_reload: float | None = None
-        self._last_expiry_warning: float | None = None
+        # When the expiry warning was last given, and the last CRL warning given for the CRLs served.
+        self._warned: tuple[float | None, CRLWarning | None] = (None, None)
         self._switch_failed_logged = False
         self._route: Route | None = None
         self._checks = self._reloads = self._failures = 0
         self._warn_expiry(self._last_success)
+        warn_uncovered(log, leaf, self.files, None)
         _reloaders.add(self)
         if start_error is not None:
             self._started_from_last_good(start_error)
@@ -405,7 +427,8 @@ class Reloader:
         self._leaf = leaf
         self._reloads += 1
         self._last_reload = now
-        self._last_expiry_warning = None
+        self._warned = (None, None)
+        warn_uncovered(log, leaf, self.files, old)
         log.info(
             "reloaded TLS certificate from %s: serial %s -> %s; now serving %s",
             self.files.certfile,
@@ -442,8 +465,10 @@ class Reloader:
         return Outcome.FAILED
 
     def _warn_expiry(self, now: float) -> None:
-        self._last_expiry_warning = warn_expiry(
-            log, self._leaf, now, self.expiry_warning_days, self._last_expiry_warning
+        last_expiry, last_crl = self._warned
+        self._warned = (
+            warn_expiry(log, self._leaf, now, self.expiry_warning_days, last_expiry),
+            warn_revocation(log, self._leaf, self.files, now, last_crl),
         )
 
     def new_content(self) -> Snapshot | None:
@@ -471,13 +496,13 @@ class Reloader:
         server creates its connections: threads, asyncio, uvloop, trio, gevent) are this instance's own; the
         newest context keeps the settings fixed at start (:func:`~tlsreload_plugins.examine.keep_fixed_settings`).
         """
-        _trust_of[live] = snapshot.ca
+        _trust_of[live] = snapshot.trust
         create_connections_on(live, self._newest_for_a_connection)
 
     def _newest_for_connections(self, context: ssl.SSLContext, snapshot: Snapshot) -> None:
         """Make ``context`` the one new connections are created on (called with the state lock held)."""
         if self._live is not None and context is not self._live:
-            _trust_of[context] = snapshot.ca
+            _trust_of[context] = snapshot.trust
             callback = context.sni_callback
             context.sni_callback = self._on_client_hello
             self._serving = (context, callback)
@@ -491,8 +516,8 @@ class Reloader:
         serving, user_callback = self._serving
         newest = serving or live
         if newest is not live and live in _trust_of and _trust_of[live] != _trust_of.get(newest, _trust_of[live]):
-            # Created before the client-CA bundle changed: its session cache would resume sessions the new
-            # bundle may no longer trust, and moving it cannot change that. Refused; the client's next
+            # Created before the client-CA bundle or its CRLs changed: its session cache would resume sessions the
+            # new trust may refuse (a revoked client), and moving it cannot change that. Refused; the client's next
             # connection gets the newest context.
             return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
         route = self._route

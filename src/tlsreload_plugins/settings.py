@@ -1,4 +1,4 @@
-"""A reloader's settings: the check interval, the expiry warning and the key password, each given
+"""A reloader's settings: the check interval, the expiry warning, the key password and the CRL file, each given
 as an argument, else read from its environment variable, else its default.
 
 :class:`~tlsreload_plugins.reloader.Reloader` resolves its settings here, and so do the adapters,
@@ -27,6 +27,7 @@ MIN_INTERVAL = 0.1
 INTERVAL_ENV = "TLSRELOAD_INTERVAL"
 EXPIRY_WARNING_ENV = "TLSRELOAD_EXPIRY_WARNING_DAYS"
 PASSWORD_FILE_ENV = "TLSRELOAD_KEY_PASSWORD_FILE"
+CRL_ENV = "TLSRELOAD_CRL"
 
 
 def _number(value: str | float, name: str, unit: str, *, minimum: float = 0.0) -> float:
@@ -70,3 +71,9 @@ def resolve_expiry_warning_days(days: float | None = None) -> float:
     if env:
         return _number(env, EXPIRY_WARNING_ENV, "days")
     return DEFAULT_EXPIRY_WARNING_DAYS
+
+
+def resolve_crl(crl: str | None = None) -> str | None:
+    """The CRL file (PEM, one or more CRLs for the CAs of the client-CA bundle): ``crl`` if given, else
+    ``$TLSRELOAD_CRL``, else ``None`` (no revocation checked)."""
+    return crl or os.environ.get(CRL_ENV) or None

@@ -50,6 +50,7 @@ from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.memory_files import RecipeFor, in_memory_files
 from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes
 from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
+from tlsreload_plugins.revocation import check_revocation
 from tlsreload_plugins.validation.apart import apart, validate, validate_many
 from tlsreload_plugins.validation.child import Unjudged
 
@@ -149,7 +150,7 @@ def verdict(
 def _kept_leaf(last_good: LastGood, snapshot: Snapshot, ask: bool) -> tuple[Leaf | None, bool]:
     """The leaf ``last_good``'s store keeps for exactly the bytes of ``snapshot``, or ``None``; and whether a
     keeper, asked with ``ask``, looked at the files since they hold these bytes and kept no verdict for them."""
-    parts = (snapshot.cert, snapshot.key, snapshot.ca)
+    parts = snapshot.parts
     if not ask:  # compared in place, nothing copied out of the shared memory
         return last_good.store.verdicts_on({last_good.name: parts}).get(last_good.name), False
     kept = last_good.store.verdict(last_good.name)
@@ -214,9 +215,12 @@ class LastGood:
         Raises:
             InvalidIdentity: the recipe refused it.
         """
-        with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
+        with in_memory_files(*snapshot.parts) as paths:
             try:
-                return self.recipe_for(paths)
+                context = self.recipe_for(paths)
+                if paths.crl:
+                    check_revocation(context, paths.crl)
+                return context
             except Exception as e:
                 raise InvalidIdentity(f"the last good certificate could not be loaded: {type(e).__name__}: {e}") from e
 

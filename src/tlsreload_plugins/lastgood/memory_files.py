@@ -1,6 +1,7 @@
 """Paths that read as given bytes, in memory (:func:`in_memory_files`), and a context built through a server's
-recipe from the bytes of a snapshot (:func:`context_from`): how the last good identity, and an SNI identity
-built on its first handshake, are served from bytes rather than from the files on disk.
+recipe from the bytes of a snapshot (:func:`context_from`), and CRLs checked from bytes (:func:`check_revocation_of`):
+how the last good identity, and an SNI identity built on its first handshake, are served from bytes rather than from
+the files on disk.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from collections.abc import Callable, Iterator
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Snapshot, TLSFiles
+from tlsreload_plugins.revocation import check_revocation
 
 RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
 """Builds the server's context exactly as it does from its configured files, but from ``files``."""
 
 
 @contextlib.contextmanager
-def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None) -> Iterator[TLSFiles]:
-    """Paths that read as ``cert``, ``key`` and ``ca`` for the ``with`` block, in memory where the
+def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None, crl: bytes | None = None) -> Iterator[TLSFiles]:
+    """Paths that read as ``cert``, ``key``, ``ca`` and ``crl`` for the ``with`` block, in memory where the
     system allows it (memfd), else in a private directory removed at the end of the block."""
     if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
         fds: list[int] = []
@@ -35,7 +37,7 @@ def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None) -> Iterato
                 os.write(fd, data)
                 return f"/proc/self/fd/{fd}"
 
-            yield TLSFiles(path("cert", cert) or "", path("key", key), path("ca", ca))
+            yield TLSFiles(path("cert", cert) or "", path("key", key), path("ca", ca), path("crl", crl))
         finally:
             for fd in fds:
                 os.close(fd)
@@ -52,7 +54,7 @@ def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None) -> Iterato
                 f.write(data)
             return target
 
-        yield TLSFiles(write("cert.pem", cert) or "", write("key.pem", key), write("ca.pem", ca))
+        yield TLSFiles(write("cert.pem", cert) or "", write("key.pem", key), write("ca.pem", ca), write("crl.pem", crl))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -65,9 +67,11 @@ def context_from(snapshot: Snapshot, recipe_for: RecipeFor) -> ssl.SSLContext:
         InvalidIdentity: the recipe refused them (the reason in the message, ``snapshot``'s files named).
         TypeError: the recipe returned something that is not an :class:`ssl.SSLContext`.
     """
-    with in_memory_files(snapshot.cert, snapshot.key, snapshot.ca) as paths:
+    with in_memory_files(*snapshot.parts) as paths:
         try:
             context = recipe_for(paths)
+            if paths.crl and isinstance(context, ssl.SSLContext):
+                check_revocation(context, paths.crl)
         except Exception as e:
             raise InvalidIdentity(
                 f"the SSL context could not be built from {snapshot.files.describe()}: {type(e).__name__}: {e}",
@@ -76,3 +80,16 @@ def context_from(snapshot: Snapshot, recipe_for: RecipeFor) -> ssl.SSLContext:
     if not isinstance(context, ssl.SSLContext):
         raise TypeError(f"the SSL context recipe returned {type(context).__name__}, not ssl.SSLContext")
     return context
+
+
+def check_revocation_of(context: ssl.SSLContext, crl: bytes) -> None:
+    """:func:`~tlsreload_plugins.revocation.check_revocation` with the CRLs ``crl`` (PEM), read from memory: exactly
+    the bytes validated are served, whatever the CRL file holds by now (and a FIFO put at its path meanwhile is
+    never opened).
+
+    Raises:
+        ssl.SSLError: OpenSSL refused them.
+    """
+    with in_memory_files(b"", None, None, crl) as paths:
+        assert paths.crl is not None
+        check_revocation(context, paths.crl)

@@ -273,7 +273,7 @@ class SharedStore:
         """Keep each identity of ``identities`` (name: its snapshot and leaf) as :meth:`write` would, in one
         write of the table: what a server's process finding thousands of identities at once does (a write
         rewrites the whole table). Whether the store keeps them all now. Never raises."""
-        wanted = {name: ((s.cert, s.key, s.ca), leaf) for name, (s, leaf) in identities.items()}
+        wanted = {name: (s.parts, leaf) for name, (s, leaf) in identities.items()}
 
         def changed(located: Index) -> dict[str, Kept]:  # in one look at the table, compared in place
             held = {name: located.holds(self._map, name, parts) for name, (parts, _) in wanted.items()}

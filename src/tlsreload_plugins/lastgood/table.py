@@ -13,12 +13,11 @@ import struct
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from tlsreload_plugins.identity import Leaf
 
-Parts = tuple[bytes, "bytes | None", "bytes | None"]
-"""An identity as kept: the bytes of its certificate, key and client-CA files (``None``: no such file)."""
+Parts = tuple[bytes, "bytes | None", "bytes | None", "bytes | None"]
+"""An identity as kept: the bytes of its certificate, key, client-CA and CRL files (``None``: no such file)."""
 
 Kept = tuple[Parts, "Leaf | None"]
 """An identity as kept, with the leaf its validation found (``None``: kept without it)."""
@@ -28,30 +27,18 @@ Refusal = tuple[str, str, "str | None"]
 :func:`~tlsreload_plugins.lastgood.last_good.content_key`), the refusal's message and the path it names."""
 
 _COUNT = struct.Struct("<I")
-_ENTRY = struct.Struct("<4i")  # indices of an identity's cert, key, CA and leaf among the table's blobs (-1: none)
+_ENTRY = struct.Struct("<5i")  # indices of an identity's cert, key, CA, CRL and leaf among the table's blobs (-1: none)
 
 
 def _leaf_bytes(leaf: Leaf | None) -> bytes | None:
     if leaf is None:
         return None
-    fields = [leaf.subject, leaf.serial, list(leaf.sans), leaf.not_before.isoformat(), leaf.not_after.isoformat()]
-    purposes = None if leaf.purposes is None else list(leaf.purposes)
-    return json.dumps([*fields, leaf.sha256, purposes]).encode()
+    return json.dumps(leaf.fields()).encode()
 
 
 def _leaf_from(data: bytes) -> Leaf:
     try:
-        subject, serial, sans, not_before, not_after, sha256, *more = json.loads(data)
-        purposes = tuple(str(oid) for oid in more[0]) if more and more[0] is not None else None
-        return Leaf(
-            str(subject),
-            str(serial),
-            tuple(str(san) for san in sans),
-            datetime.fromisoformat(not_before),
-            datetime.fromisoformat(not_after),
-            str(sha256),
-            purposes,
-        )
+        return Leaf.from_fields(json.loads(data))
     except (TypeError, ValueError) as e:
         raise ValueError(f"a leaf kept in a form this version does not read: {e}") from e
 
@@ -116,10 +103,10 @@ def _decoded(payload: bytes) -> tuple[dict[str, Kept], dict[str, Refusal]]:
     table: dict[str, Kept] = {}
     for _ in range(count()):
         name = take(count()).decode()
-        cert, key, ca, leaf = _ENTRY.unpack(take(_ENTRY.size))
-        if cert < 0 or max(cert, key, ca, leaf) >= len(blobs):
+        cert, key, ca, crl, leaf = _ENTRY.unpack(take(_ENTRY.size))
+        if cert < 0 or max(cert, key, ca, crl, leaf) >= len(blobs):
             raise ValueError(f"identity {name!r} kept with contents the table does not hold")
-        parts = (blobs[cert], None if key < 0 else blobs[key], None if ca < 0 else blobs[ca])
+        parts = (blobs[cert], *(None if i < 0 else blobs[i] for i in (key, ca, crl)))
         table[name] = (parts, None if leaf < 0 else _leaf_from(blobs[leaf]))
     refusals: dict[str, Refusal] = {}
     for _ in range(count() if at < len(view) else 0):  # a table without refusals ends after its entries
@@ -135,7 +122,7 @@ class Index:
 
     starts: array[int]
     lengths: array[int]
-    entries: dict[str, tuple[int, int, int, int]]  # indices of cert, key, CA and leaf among the contents (-1: none)
+    entries: dict[str, tuple[int, int, int, int, int]]  # indices of cert, key, CA, CRL, leaf among the contents
     refusals: dict[str, tuple[int, int]]  # where each name's refusal lies in the mapping: offset, length
     # Leaves decoded so far, by content index: a region is never rewritten under the generation this index is
     # for, and a process taking thousands of verdicts at start looks each up more than once.
@@ -166,17 +153,17 @@ class Index:
             starts.append(start + at)
             lengths.append(length)
             at += length
-        entries: dict[str, tuple[int, int, int, int]] = {}
+        entries: dict[str, tuple[int, int, int, int, int]] = {}
         for _ in range(count()):
             size = count()
             if at + size + _ENTRY.size > len(payload):
                 raise ValueError("truncated table")
             name = bytes(payload[at : at + size]).decode()
-            cert, key, ca, leaf = _ENTRY.unpack_from(payload, at + size)
+            cert, key, ca, crl, leaf = _ENTRY.unpack_from(payload, at + size)
             at += size + _ENTRY.size
-            if cert < 0 or max(cert, key, ca, leaf) >= len(starts):
+            if cert < 0 or max(cert, key, ca, crl, leaf) >= len(starts):
                 raise ValueError(f"identity {name!r} kept with contents the table does not hold")
-            entries[name] = (cert, key, ca, leaf)
+            entries[name] = (cert, key, ca, crl, leaf)
         refusals: dict[str, tuple[int, int]] = {}
         for _ in range(count() if at < len(payload) else 0):
             name_size = count()
@@ -196,11 +183,11 @@ class Index:
         entry = self.entries.get(name)
         if entry is None:
             return None
-        cert, key, ca = (
-            None if i < 0 else mapping[self.starts[i] : self.starts[i] + self.lengths[i]] for i in entry[:3]
+        cert, key, ca, crl = (
+            None if i < 0 else mapping[self.starts[i] : self.starts[i] + self.lengths[i]] for i in entry[:4]
         )
         assert cert is not None  # checked when indexed
-        return (cert, key, ca), self._leaf(mapping, entry[3])
+        return (cert, key, ca, crl), self._leaf(mapping, entry[4])
 
     def holds(self, mapping: mmap.mmap, name: str, parts: Parts) -> tuple[bool, Leaf | None]:
         """Whether exactly ``parts`` are kept for ``name``, and the leaf kept with them: compared in place, the
@@ -209,7 +196,7 @@ class Index:
         entry = self.entries.get(name)
         if entry is None:
             return False, None
-        for index, part in zip(entry[:3], parts, strict=True):
+        for index, part in zip(entry[:4], parts, strict=True):
             if index < 0 or part is None:
                 if index >= 0 or part is not None:
                     return False, None
@@ -217,7 +204,7 @@ class Index:
             start = self.starts[index]
             if self.lengths[index] != len(part) or mapping[start : start + len(part)] != part:
                 return False, None
-        return True, self._leaf(mapping, entry[3])
+        return True, self._leaf(mapping, entry[4])
 
     def _leaf(self, mapping: mmap.mmap, index: int) -> Leaf | None:
         """The leaf kept as content ``index`` (``None``: none, or one this version does not read), decoded once."""

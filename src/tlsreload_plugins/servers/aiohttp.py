@@ -45,6 +45,7 @@ def reloading(
     keyfile: str | None = None,
     *,
     ca_certs: str | None = None,
+    crl: str | None = None,
     password_file: str | None = None,
     sni: Iterable[str] | str | None = None,
     interval: float | None = None,
@@ -57,7 +58,7 @@ def reloading(
 
     Args:
         app: the ``aiohttp.web.Application``; its ``cleanup_ctx`` gets the entry that stops the checks.
-        certfile, keyfile, ca_certs, password_file, sni, interval, recipe, metrics: as
+        certfile, keyfile, ca_certs, crl, password_file, sni, interval, recipe, metrics: as
             :func:`~tlsreload_plugins.fresh_context` (``ca_certs`` means mutual TLS: client certificates
             are required and verified against that bundle, reloaded like the pair).
 
@@ -81,6 +82,7 @@ def reloading(
         certfile,
         keyfile,
         ca_certs=ca_certs,
+        crl=crl,
         password_file=password_file,
         sni=sni,
         interval=interval,

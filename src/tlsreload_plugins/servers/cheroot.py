@@ -86,6 +86,8 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
         ciphers: OpenSSL cipher list, as for stock cheroot.
         private_key_password: the key's password (without it, the first line of
             ``$TLSRELOAD_KEY_PASSWORD_FILE``, read again on every reload).
+        crl: a PEM file of CRLs for the CAs of ``certificate_chain``, reloaded with it (default
+            ``$TLSRELOAD_CRL``, which is how CherryPy's ``server.ssl_module = "tlsreload"`` takes it).
         interval: seconds between checks (default ``$TLSRELOAD_INTERVAL``, else 1).
         sni: directories of more identities chosen by server name (default ``$TLSRELOAD_SNI``).
         metrics: export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off).
@@ -110,6 +112,7 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
         ciphers: str | None = None,
         *,
         private_key_password: str | bytes | None = None,
+        crl: str | None = None,
         interval: float | None = None,
         sni: Sequence[str] | str | None = None,
         metrics: bool | None = None,
@@ -128,7 +131,7 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
                 lambda: self._cheroot_context(files),
                 self._cheroot_context,
                 password=self._password,
-                settings=Settings(interval, sni, metrics),
+                settings=Settings(interval, sni, metrics, crl),
             )
         except CannotServe as e:
             log.error("%s", e)

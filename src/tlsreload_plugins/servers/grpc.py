@@ -41,7 +41,7 @@ from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.start import Settings, equip, retry_at_start
-from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.settings import CRL_ENV, resolve_crl, resolve_password
 from tlsreload_plugins.sni import identities as sni
 
 __all__ = ["ReloadingCredentials", "reloaders", "server_credentials"]
@@ -182,7 +182,8 @@ def server_credentials(
     Raises:
         InvalidIdentity: the files cannot be used now; one sentence names the file and what is wrong.
         ValueError: a setting is not usable (an interval below 0.1, an SNI directory that does not exist,
-            ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``).
+            ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``, a ``$TLSRELOAD_CRL``: gRPC's
+            server credentials take no CRL from Python).
 
     Example::
 
@@ -194,6 +195,12 @@ def server_credentials(
     """
     settings = Settings(interval, sni, metrics)
     settings.check()
+    crl = resolve_crl()
+    if crl:
+        raise ValueError(
+            f"gRPC's server credentials take no certificate revocation list from Python, so ${CRL_ENV} ({crl}) "
+            "cannot be served: unset it, or serve mutual TLS with revocation through another server"
+        )
     if require_client_auth and not ca_certs:
         raise ValueError("require_client_auth needs ca_certs: the CAs client certificates are verified against")
     password = resolve_password(password_in_file(password_file) if password_file else None)
@@ -238,7 +245,7 @@ def _configuration(served: list[tuple[str, Parts]], password: Password) -> grpc.
 
 
 def _key_and_chain(parts: Parts, password: Password) -> tuple[bytes, bytes]:
-    cert, key, _ = parts
+    cert, key = parts[:2]
     if key is None:  # the key in the certificate file, as ssl allows: gRPC takes them apart
         blocks = [(m.group(1), m.group(0)) for m in _PEM_BLOCK.finditer(cert)]
         key = b"".join(block for kind, block in blocks if kind.endswith(b"PRIVATE KEY"))

@@ -71,6 +71,7 @@ def add_reload(
     interval: float | None = None,
     sni: Sequence[str] | str | None = None,
     metrics: bool | None = None,
+    crl: str | None = None,
 ) -> None:
     """Add certificate reloading to a gunicorn configuration module; calling it twice changes nothing.
 
@@ -80,6 +81,8 @@ def add_reload(
         sni: directories of more identities chosen by server name: else the module's ``tls_sni``, else
             ``$TLSRELOAD_SNI``.
         metrics: export Prometheus metrics: else the module's ``tls_metrics``, else ``$TLSRELOAD_METRICS``, else off.
+        crl: a PEM file of CRLs for the CAs of gunicorn's ``ca_certs``, reloaded with it: else the module's
+            ``tls_crl``, else ``$TLSRELOAD_CRL``.
 
     Example: at the end of ``gunicorn.conf.py``, after your hooks: ``add_reload(globals())``.
     """
@@ -87,7 +90,8 @@ def add_reload(
         return
     sni = sni if sni is not None else namespace.get("tls_sni")
     metrics = metrics if metrics is not None else namespace.get("tls_metrics")
-    settings = Settings(interval, sni, metrics)
+    crl = crl if crl is not None else namespace.get("tls_crl")
+    settings = Settings(interval, sni, metrics, crl)
     # The user's ssl_context hook, else gunicorn's default one (its default factory, as it is).
     user_ssl_context: SSLContextHook = namespace.get("ssl_context") or (lambda conf, factory: factory())
 

@@ -48,7 +48,9 @@ STARTUP_FAILURE = 1
 STORES = "tlsreload_last_good"
 """The attribute of ``app.shared_ctx`` holding the last good store of each certificate, for the workers."""
 
-Entry = dict[str, Any]  # one certificate's settings as Sanic keeps them: cert, key, password, names (ca_certs: ours)
+Entry = dict[
+    str, Any
+]  # one certificate's settings as Sanic keeps them: cert, key, password, names (ca_certs, crl: ours)
 
 _settings: dict[str, Settings] = {}  # by app name: a worker imports the app's module, which gives them again
 
@@ -62,7 +64,8 @@ def reload_certificates(
 ) -> None:
     """Make ``app``'s certificates follow their files in every worker: sets ``app.certloader_class`` and a
     ``main_process_start`` listener. Call it where the app is made. Each certificate's settings (a dict) may
-    name a ``"ca_certs"`` bundle (tlsreload's): client certificates signed by it are then required.
+    name a ``"ca_certs"`` bundle (tlsreload's): client certificates signed by it are then required; and beside it a
+    ``"crl"`` file (PEM CRLs for the CAs of that bundle, else ``$TLSRELOAD_CRL``), reloaded with it.
 
     Args:
         app: the Sanic app.
@@ -166,7 +169,7 @@ def _identities(data: Any) -> tuple[bool, list[Entry]] | None:
 def _entry(sanic: Entry) -> Entry:
     """A certificate's settings from what Sanic keeps on its context (the subject's fields too): names are kept
     only when they are not the ones Sanic reads from the certificate (they were given)."""
-    entry: Entry = {key: sanic[key] for key in ("cert", "key", "password", "ca_certs") if key in sanic}
+    entry: Entry = {key: sanic[key] for key in ("cert", "key", "password", "ca_certs", "crl") if key in sanic}
     try:
         read = getattr(_sanic_context(entry, _files(entry), entry.get("password")), "sanic", {}).get("names")
     except Exception:  # unusable now: keep the names Sanic found
@@ -183,7 +186,8 @@ def _refuse_sni_beside_a_list(settings: Settings, several: bool) -> None:
 
 
 def _files(entry: Entry) -> TLSFiles:
-    return TLSFiles(str(entry["cert"]), str(entry["key"]), str(entry["ca_certs"]) if entry.get("ca_certs") else None)
+    ca_certs, crl = (str(entry[key]) if entry.get(key) else None for key in ("ca_certs", "crl"))
+    return TLSFiles(str(entry["cert"]), str(entry["key"]), ca_certs, crl)
 
 
 def _sanic_context(entry: Entry, files: TLSFiles, password: Password) -> ssl.SSLContext:

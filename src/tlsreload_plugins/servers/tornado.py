@@ -139,6 +139,7 @@ def _tornado_recipe(ssl_options: Mapping[str, Any], password: Password) -> Recip
 def reloading_tls(
     ssl_options: Mapping[str, Any],
     *,
+    crl: str | None = None,
     password_file: str | None = None,
     sni: Iterable[str] | str | None = None,
     interval: float | None = None,
@@ -152,6 +153,8 @@ def reloading_tls(
     Args:
         ssl_options: Tornado's dictionary; ``certfile`` is required, ``keyfile`` and ``ca_certs`` are
             reloaded with it (``ca_certs`` with ``cert_reqs=ssl.CERT_REQUIRED`` is mutual TLS).
+        crl: a PEM file of CRLs for the CAs of ``ca_certs``, reloaded with it (default ``$TLSRELOAD_CRL``): client
+            certificates they revoke are refused (Tornado's ``ssl_options`` has no key for it).
         password_file: a file whose first line is the key's password, read again on each reload (default
             ``$TLSRELOAD_KEY_PASSWORD_FILE``, else none).
         sni: directories of more identities, chosen by server name (default ``$TLSRELOAD_SNI``).
@@ -186,7 +189,7 @@ def reloading_tls(
     )
     password = resolve_password(password_in_file(password_file) if password_file else None)
     recipe_for = _tornado_recipe(ssl_options, password)
-    settings = Settings(interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics)
+    settings = Settings(interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics, crl)
     store = SharedStore()  # before the fork: every child shares it, and a restarted one reads it
     check_at_start(files, lambda: recipe_for(files), password, settings, store)
     tls = ReloadingTLS(files, recipe_for, password, settings, store)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 try:
+    from OpenSSL.crypto import X509StoreFlags
     from OpenSSL.SSL import Connection
     from twisted.internet import endpoints
     from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
@@ -52,7 +53,7 @@ __all__ = ["EXTRA_KEYWORDS", "NewestContext", "reloaders", "reloading_endpoint"]
 
 log = logging.getLogger("tlsreload_plugins.twisted")
 
-EXTRA_KEYWORDS = ("interval", "sni", "keyPasswordFile", "caFile")
+EXTRA_KEYWORDS = ("interval", "sni", "keyPasswordFile", "caFile", "crlFile")
 """tlsreload's own keywords: seconds between checks, SNI directories (``os.pathsep``-separated, colons escaped
 ``\\:``), a file holding the key's password, client CAs (client certificates then required)."""
 _LISTEN_KEYWORDS = ("port", "interface", "backlog")
@@ -118,7 +119,10 @@ def _recipe_for(
         snapshot = read_files(files)  # regular files only, size-capped: never a FIFO's endless wait
         cert, key = _key_in_memory(snapshot.cert, snapshot.key, password)
         chain = b"".join(_PEM_CERT.findall(cert)[1:]) if own_chain else b""
-        with in_memory_files(cert, key, snapshot.ca) as paths, in_memory_files(chain, None, None) as extra:
+        with (
+            in_memory_files(cert, key, snapshot.ca, snapshot.crl) as paths,
+            in_memory_files(chain, None, None) as extra,
+        ):
             keywords = {**tls, "extraCertChain": extra.certfile if chain else None} if own_chain else tls
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(paths.certfile, paths.keyfile)
@@ -134,6 +138,9 @@ def _recipe_for(
                 options.trustRoot = trust_root(cas)
                 options.verify = options.requireCertificate = True
             built = options.getContext()  # built (and cached) here, in the checking thread: never on the reactor
+            if paths.crl:  # the ssl: parser takes no CRL: into the store of the context it cached, as ssl does
+                built.load_verify_locations(paths.crl)
+                built.get_cert_store().set_flags(X509StoreFlags.CRL_CHECK)
             if on_server_name is not None:
                 built.set_tlsext_servername_callback(on_server_name)
         _options[context] = options
@@ -202,7 +209,11 @@ def reloading_endpoint(reactor: Any, *args: str, **kwargs: str) -> Any:
         interval = float(ours["interval"]) if "interval" in ours else None
     except ValueError:
         raise ValueError(f"tlsreload: interval must be a number of seconds, got {ours['interval']!r}") from None
-    settings = Settings(interval=interval, sni=ours.get("sni"))
+    settings = Settings(interval=interval, sni=ours.get("sni"), crl=ours.get("crlFile"))
+    try:
+        files = settings.with_crl(files)  # the recipe reads the CRL itself: into Twisted's context too
+    except ValueError as e:
+        raise SystemExit(f"tlsreload: cannot serve TLS: {e}") from None
     password = resolve_password(password_file(ours["keyPasswordFile"]) if ours.get("keyPasswordFile") else None)
     _route_logs()
     default: list[Reloader] = []  # filled below: the router reads it on each handshake

@@ -57,13 +57,15 @@ def reloading_ssl_context(
     interval: float | None = None,
     sni: Sequence[str] | None = None,
     metrics: bool | None = None,
+    crl: str | None = None,
 ) -> ssl.SSLContext:
     """``uvicorn.Config(ssl_context_factory=...)``: a context that follows the files on disk.
 
     Args:
         config: uvicorn's ``ssl_certfile``, ``ssl_keyfile``, ``ssl_ca_certs`` and ``ssl_keyfile_password`` (else
             the first line of ``$TLSRELOAD_KEY_PASSWORD_FILE``, read again on every reload).
-        default_factory: uvicorn's own, the recipe. ``interval``, ``sni``, ``metrics``: see ``serving.Settings``.
+        default_factory: uvicorn's own, the recipe. ``interval``, ``sni``, ``metrics``, ``crl`` (CRLs for the CAs of
+            ``ssl_ca_certs``, else ``$TLSRELOAD_CRL``): see ``serving.Settings``.
 
     Returns:
         The context, checked while the app's lifespan runs.
@@ -74,7 +76,7 @@ def reloading_ssl_context(
     Example: ``uvicorn.run("app:app", ssl_certfile=C, ssl_keyfile=K, ssl_context_factory=reloading_ssl_context)``;
     another interval: ``functools.partial(reloading_ssl_context, interval=5)`` (it pickles, as ``workers`` needs).
     """
-    return _context(config, default_factory, Settings(interval, sni, metrics))
+    return _context(config, default_factory, Settings(interval, sni, metrics, crl))
 
 
 def _context(config: Any, factory: Recipe, settings: Settings, last_good: SharedStore | None = None) -> ssl.SSLContext:
@@ -166,7 +168,9 @@ def _gunicorn_worker_context(serve: ReloaderMaker, config: Any, factory: Recipe)
 # the public `uvicorn.run(...)` with `ssl_context_factory`: every option keeps uvicorn's meaning.
 
 
-def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metrics: bool, **options: Any) -> None:
+def _run(
+    tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metrics: bool, tls_crl: str | None, **options: Any
+) -> None:
     import click
     import uvicorn
 
@@ -179,7 +183,7 @@ def _run(tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metric
     names = ("env_file", "log_config", "log_level", "use_colors", *(name for name in kwargs if name.startswith("ssl_")))
     config = uvicorn.Config(kwargs["app"], **{name: kwargs[name] for name in names if name in kwargs})
     route_logs()
-    settings = click_settings(tls_reload_interval, tls_sni, tls_metrics)
+    settings = click_settings(tls_reload_interval, tls_sni, tls_metrics, tls_crl)
     if not options.get("ssl_certfile"):
         log.warning("no --ssl-certfile given: serving without TLS, nothing to reload")
         uvicorn.run(**kwargs)

@@ -38,6 +38,7 @@ async def reloading_ssl(
     keyfile: str | None = None,
     *,
     ca_certs: str | None = None,
+    crl: str | None = None,
     password_file: str | None = None,
     sni: Iterable[str] | str | None = None,
     interval: float | None = None,
@@ -47,7 +48,7 @@ async def reloading_ssl(
     """An :class:`ssl.SSLContext` that follows the certificate files while the ``async with`` block runs.
 
     Args:
-        certfile, keyfile, ca_certs, password_file, sni, interval, recipe, metrics: as
+        certfile, keyfile, ca_certs, crl, password_file, sni, interval, recipe, metrics: as
             :func:`~tlsreload_plugins.fresh_context` (``ca_certs`` means mutual TLS: client certificates
             are required and verified against that bundle, reloaded like the pair).
 
@@ -71,6 +72,7 @@ async def reloading_ssl(
         certfile,
         keyfile,
         ca_certs=ca_certs,
+        crl=crl,
         password_file=password_file,
         sni=sni,
         interval=interval,

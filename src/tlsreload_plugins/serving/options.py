@@ -1,7 +1,7 @@
 """The ``--tls-*`` options a drop-in command adds to its server's own command line.
 
 A drop-in command is the server's command, every option keeping the server's meaning, plus
-``--tls-reload-interval``, ``--tls-sni`` and ``--tls-metrics`` (:data:`OPTION_HELP`): through
+``--tls-reload-interval``, ``--tls-sni``, ``--tls-metrics`` and ``--tls-crl`` (:data:`OPTION_HELP`): through
 :func:`add_options` for a server whose command is argparse's, :func:`with_tls_options` for one whose
 command is click's. Their values become a :class:`~tlsreload_plugins.serving.start.Settings`, whose bad
 values are usage errors (exit 2) like any other option's:
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tlsreload_plugins import __version__
 from tlsreload_plugins.metrics import METRICS_ENV
 from tlsreload_plugins.serving.start import Settings
-from tlsreload_plugins.settings import INTERVAL_ENV, MIN_INTERVAL
+from tlsreload_plugins.settings import CRL_ENV, INTERVAL_ENV, MIN_INTERVAL
 from tlsreload_plugins.sni.discovery import SNI_ENV
 
 if TYPE_CHECKING:  # a drop-in command's only: its workers, which import the glue too, have no use for them
@@ -35,13 +35,16 @@ OPTION_HELP = {
     f"certbot lineage, or a directory of them. Repeatable. Defaults to ${SNI_ENV}.",
     "--tls-metrics": "Export Prometheus metrics of the TLS certificates (needs prometheus_client). "
     f"Defaults to ${METRICS_ENV}.",
+    "--tls-crl": "A PEM file of certificate revocation lists for the CAs of the client-CA bundle, reloaded with it: "
+    f"revoked client certificates are refused. Defaults to ${CRL_ENV}.",
 }
 """The options every drop-in command adds to its server's own, with their help."""
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     """Add the :data:`OPTION_HELP` options to an argparse command line, as a group "tlsreload options":
-    ``tls_reload_interval`` (float or None), ``tls_sni`` (list or None), ``tls_metrics`` (True or None).
+    ``tls_reload_interval`` (float or None), ``tls_sni`` (list or None), ``tls_metrics`` (True or None),
+    ``tls_crl`` (a path or None).
 
     Example::
 
@@ -54,6 +57,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tls-reload-interval", type=float, metavar="SECONDS", help=help_of["--tls-reload-interval"])
     group.add_argument("--tls-sni", action="append", metavar="DIR", help=help_of["--tls-sni"])
     group.add_argument("--tls-metrics", action="store_true", default=None, help=help_of["--tls-metrics"])
+    group.add_argument("--tls-crl", metavar="PATH", help=help_of["--tls-crl"])
 
 
 def with_tls_options(stock: click.Command, callback: Callable[..., object], *, after: str) -> click.Command:
@@ -62,7 +66,8 @@ def with_tls_options(stock: click.Command, callback: Callable[..., object], *, a
     Args:
         stock: the server's command.
         callback: runs in place of the stock callback, with the stock parameters and ``tls_reload_interval``
-            (a float >= 0.1, or None), ``tls_sni`` (a tuple) and ``tls_metrics`` (a bool).
+            (a float >= 0.1, or None), ``tls_sni`` (a tuple), ``tls_metrics`` (a bool) and ``tls_crl`` (a path or
+            None).
         after: the options go after the last parameter whose name starts with it (the server's TLS options).
 
     Returns:
@@ -86,13 +91,16 @@ def with_tls_options(stock: click.Command, callback: Callable[..., object], *, a
         ),
         click.Option(["--tls-sni"], multiple=True, metavar="DIR", help=OPTION_HELP["--tls-sni"]),
         click.Option(["--tls-metrics"], is_flag=True, default=False, help=OPTION_HELP["--tls-metrics"]),
+        click.Option(["--tls-crl"], metavar="PATH", help=OPTION_HELP["--tls-crl"]),
     ]
     command.params = [*params[:at], *ours, *params[at:]]
     command.callback = callback
     return command
 
 
-def click_settings(tls_reload_interval: float | None, tls_sni: Sequence[str], tls_metrics: bool) -> Settings:
+def click_settings(
+    tls_reload_interval: float | None, tls_sni: Sequence[str], tls_metrics: bool, tls_crl: str | None = None
+) -> Settings:
     """The :class:`~tlsreload_plugins.serving.start.Settings` of the options :func:`with_tls_options` hands its
     callback, checked: a bad value, or a bad ``$TLSRELOAD_*`` variable, is the command's usage error.
 
@@ -100,7 +108,7 @@ def click_settings(tls_reload_interval: float | None, tls_sni: Sequence[str], tl
         click.UsageError: a setting is not usable (exit 2), named as :meth:`~tlsreload_plugins.serving.Settings.check`
             names it.
 
-    Example: ``settings = click_settings(tls_reload_interval, tls_sni, tls_metrics)``, once the server's own
+    Example: ``settings = click_settings(tls_reload_interval, tls_sni, tls_metrics, tls_crl)``, once the server's own
     environment file is loaded (it may set ``$TLSRELOAD_*``).
     """
     import click
@@ -108,7 +116,7 @@ def click_settings(tls_reload_interval: float | None, tls_sni: Sequence[str], tl
     def usage_error(message: str) -> NoReturn:
         raise click.UsageError(message)
 
-    return _checked(Settings(tls_reload_interval, tls_sni or None, tls_metrics or None), usage_error)
+    return _checked(Settings(tls_reload_interval, tls_sni or None, tls_metrics or None, tls_crl or None), usage_error)
 
 
 def argparse_settings(parser: argparse.ArgumentParser, options: argparse.Namespace) -> Settings:
@@ -121,7 +129,8 @@ def argparse_settings(parser: argparse.ArgumentParser, options: argparse.Namespa
 
     Example: ``settings = argparse_settings(parser, parser.parse_known_args()[0])``.
     """
-    return _checked(Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics), parser.error)
+    settings = Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics, options.tls_crl)
+    return _checked(settings, parser.error)
 
 
 def _checked(settings: Settings, usage_error: Callable[[str], NoReturn]) -> Settings:

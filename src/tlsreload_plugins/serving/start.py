@@ -22,6 +22,7 @@ server's worker processes: :mod:`tlsreload_plugins.serving.workers`; a server co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -40,7 +41,7 @@ from tlsreload_plugins.lastgood.last_good import LastGood, keep_all_valid, keep_
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval
+from tlsreload_plugins.settings import resolve_crl, resolve_expiry_warning_days, resolve_interval
 from tlsreload_plugins.sni import identities as sni
 from tlsreload_plugins.sni.discovery import discover, resolve_directories
 from tlsreload_plugins.sni.tracker import every_identity
@@ -113,11 +114,26 @@ class Settings:
         interval: seconds between checks (``$TLSRELOAD_INTERVAL``, else 1).
         sni: directories of more identities chosen by server name (``$TLSRELOAD_SNI``).
         metrics: export Prometheus metrics (``$TLSRELOAD_METRICS``, else off).
+        crl: a PEM file of CRLs for the CAs of the client-CA bundle (``$TLSRELOAD_CRL``, else none), reloaded
+            with it: see :meth:`with_crl`.
     """
 
     interval: float | None = None
     sni: Sequence[str] | str | None = None
     metrics: bool | None = None
+    crl: str | None = None
+
+    def with_crl(self, files: TLSFiles) -> TLSFiles:
+        """``files`` with the CRL file: the server's own setting (``files.crl``), else :attr:`crl`, else
+        ``$TLSRELOAD_CRL``.
+
+        Raises:
+            ValueError: a CRL without a client-CA bundle (there is nothing for it to revoke).
+        """
+        crl = resolve_crl(files.crl or self.crl)
+        if crl and not files.ca_certs:
+            raise ValueError(f"a CRL ({crl}) needs the client-CA bundle it revokes certificates of")
+        return dataclasses.replace(files, crl=crl)
 
     def check(self, *, as_options: bool = False) -> None:
         """Raise :class:`ValueError` naming the first setting (or environment variable) that is not usable.
@@ -255,13 +271,14 @@ def check_at_start(
     """
     try:
         settings.check()
+        files = settings.with_crl(files)
         snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, recipe, password))
     except (ReloadError, ValueError) as e:  # ValueError: a bad setting
         raise CannotServe(f"cannot serve TLS: {e}") from e
     store.write(snapshot, leaf=leaf)
     directories = resolve_directories(settings.sni)
     if forks and directories:
-        keep_all_valid(discover(directories, files.ca_certs), password, store)
+        keep_all_valid(discover(directories, files.ca_certs, files.crl), password, store)
     if spawns:
         interval = resolve_interval(settings.interval)
         keep_newest_valid(every_identity(files, settings.sni), password, store, interval)
@@ -280,7 +297,7 @@ def start_reloader(
     """Make a serving process's reloader, with its SNI identities and metrics.
 
     Args:
-        files: the configured certificate, key and client-CA files.
+        files: the configured certificate, key, client-CA and CRL files (the CRL: else :attr:`Settings.crl`).
         recipe: the server's own way to build its context from ``files``.
         recipe_for: the same recipe aimed at other files (SNI identities, the last good identity).
         password: the key's password (see :func:`~tlsreload_plugins.reloader.resolve_password`).
@@ -296,6 +313,10 @@ def start_reloader(
         CannotServe: nothing can be served and this process may not wait (or a setting is bad).
     """
     last_good = LastGood(store, recipe_for) if store is not None else None
+    try:
+        files = settings.with_crl(files)
+    except ValueError as e:
+        raise CannotServe(f"cannot serve TLS: {e}") from e
 
     def attempt() -> Reloader:
         return Reloader(
@@ -303,6 +324,7 @@ def start_reloader(
             files.keyfile,
             recipe=recipe,
             ca_certs=files.ca_certs,
+            crl=files.crl,
             password=password,
             interval=settings.interval,
             last_good=last_good,

@@ -37,20 +37,20 @@ class Ahead:
 def read_ahead(
     names: Iterable[str],
     found: Mapping[str, TLSFiles],
-    ca_certs: str | None,
+    trust: tuple[str | None, str | None],
     password: Password,
     store: SharedStore | None,
     recipe_for: RecipeFor,
 ) -> Ahead:
-    """The bytes of each identity of ``names`` (whose files ``found`` gives; ``ca_certs`` the client-CA bundle
-    they share), and which of them to validate. Blocking (reads files)."""
+    """The bytes of each identity of ``names`` (whose files ``found`` gives; ``trust`` the client-CA bundle and
+    CRL files they share), and which of them to validate. Blocking (reads files)."""
     ahead = Ahead()
     for name in names:
-        files = TLSFiles(found[name].certfile, found[name].keyfile, ca_certs)
+        files = TLSFiles(found[name].certfile, found[name].keyfile, *trust)
         with contextlib.suppress(InvalidIdentity):
             ahead.read[name] = read_files(files)
     # The verdicts the store keeps for exactly these bytes, in one look at its table (no keeper asked).
-    parts = {name: (snapshot.cert, snapshot.key, snapshot.ca) for name, snapshot in ahead.read.items()}
+    parts = {name: snapshot.parts for name, snapshot in ahead.read.items()}
     ahead.kept = store.verdicts_on(parts) if store is not None and parts else {}
     for name, snapshot in ahead.read.items():
         if name not in ahead.kept and (

@@ -100,8 +100,8 @@ def identities_found(directories: Sequence[str]) -> tuple[dict[str, TLSFiles], l
     return found, shadowed
 
 
-def discover(directories: Sequence[str], ca_certs: str | None = None) -> dict[str, TLSFiles]:
-    """Every identity in ``directories`` now, by name, each with the server's client-CA bundle
-    ``ca_certs``: the identities an :class:`~tlsreload_plugins.sni.SNIIdentities` over them would serve."""
+def discover(directories: Sequence[str], ca_certs: str | None = None, crl: str | None = None) -> dict[str, TLSFiles]:
+    """Every identity in ``directories`` now, by name, each with the server's client-CA bundle ``ca_certs`` and its
+    ``crl``: the identities an :class:`~tlsreload_plugins.sni.SNIIdentities` over them would serve."""
     found, _ = identities_found(directories)
-    return {name: TLSFiles(files.certfile, files.keyfile, ca_certs) for name, files in found.items()}
+    return {name: TLSFiles(files.certfile, files.keyfile, ca_certs, crl) for name, files in found.items()}

@@ -67,19 +67,18 @@ class SNIIdentities:
     """The SNI identities of one server: one :class:`~tlsreload_plugins.Reloader` each, and the
     table of server names that routes each handshake to one of them in constant time.
 
-    Most code uses :meth:`attach`. ``recipe_for(files)`` builds the server's context exactly as
-    it does from its configured files, but from ``files``; ``ca_certs`` (the client-CA bundle:
-    a connection moved onto an identity's context verifies client certificates against that
-    context's store), ``password`` (the key password), ``interval`` and ``expiry_warning_days``
-    are the default reloader's, shared by every identity. Identities whose files cannot be used
-    when first seen are not served (their names get the default identity), and are tried again
-    when their files change (and at least once a minute); with a ``store`` (the default reloader's
-    last good store, shared by the server's processes), such an identity is served from the last good
-    one any of the server's processes kept for its name, as the default identity is. ``export_metrics``
-    exports the identities' aggregate metrics, and each identity's own, labelled with its name, when there are at most
-    :data:`~tlsreload_plugins.metrics.PER_IDENTITY_UP_TO` or ``TLSRELOAD_METRICS=per-identity``
-    (:mod:`tlsreload_plugins.metrics`). Each identity's context is built by the first handshake that
-    names it (:mod:`tlsreload_plugins.sni.contexts`).
+    Most code uses :meth:`attach`. ``recipe_for(files)`` builds the server's context exactly as it does from its
+    configured files, but from ``files``; ``ca_certs`` (the client-CA bundle: a connection moved onto an identity's
+    context verifies client certificates against that context's store) and its ``crl`` (the CRLs that store checks
+    them against), ``password`` (the key password), ``interval`` and ``expiry_warning_days`` are the default
+    reloader's, shared by every identity. Identities whose files cannot be used when first seen are not served
+    (their names get the default identity), and are tried again when their files change (and at least once a
+    minute); with a ``store`` (the default reloader's last good store, shared by the server's processes), such an
+    identity is served from the last good one any of the server's processes kept for its name, as the default
+    identity is. ``export_metrics`` exports the identities' aggregate metrics, and each identity's own, labelled
+    with its name, when there are at most :data:`~tlsreload_plugins.metrics.PER_IDENTITY_UP_TO` or
+    ``TLSRELOAD_METRICS=per-identity`` (:mod:`tlsreload_plugins.metrics`). Each identity's context is built by the
+    first handshake that names it (:mod:`tlsreload_plugins.sni.contexts`).
     """
 
     def __init__(
@@ -88,6 +87,7 @@ class SNIIdentities:
         *,
         recipe_for: RecipeFor,
         ca_certs: str | None = None,
+        crl: str | None = None,
         password: Password = None,
         interval: float | None = None,
         expiry_warning_days: float | None = None,
@@ -97,13 +97,14 @@ class SNIIdentities:
         self.directories = resolve_directories(directories)
         self.recipe_for = recipe_for
         self.ca_certs = ca_certs
+        self.crl = crl
         self.password = password
         self.interval = interval
         self.expiry_warning_days = expiry_warning_days
         self.store = store
         self.export_metrics = export_metrics
         self._lock = threading.Lock()  # one scan at a time
-        self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs)
+        self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs, crl=crl)
         self._found: dict[str, TLSFiles] = {}  # what the tracker found last
         self._count = 0  # how many identities it found (per-identity metrics below metrics.PER_IDENTITY_UP_TO)
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
@@ -143,6 +144,7 @@ class SNIIdentities:
             directories,
             recipe_for=recipe_for,
             ca_certs=default.files.ca_certs,
+            crl=default.files.crl,
             password=default.password,
             interval=default.interval,
             expiry_warning_days=default.expiry_warning_days,
@@ -286,7 +288,7 @@ class SNIIdentities:
         apart = validate_apart.apart()
 
         def gather() -> list[tuple[Snapshot, Password]]:
-            ahead = read_ahead(adding, found, self.ca_certs, self.password, self.store, self.recipe_for)
+            ahead = read_ahead(adding, found, (self.ca_certs, self.crl), self.password, self.store, self.recipe_for)
             self._read_ahead, self._kept_ahead = ahead.read, ahead.kept  # not read nor looked up again by _add
             changed = (current[name].new_content() for name in dirty & wanted if name in current and apart)
             return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
@@ -356,13 +358,14 @@ class SNIIdentities:
                 log.info("SNI directory %s is back", directory)
 
     def _add(self, name: str, found: TLSFiles, settle: bool) -> Reloader | None:
-        files = TLSFiles(found.certfile, found.keyfile, self.ca_certs)
+        files = TLSFiles(found.certfile, found.keyfile, self.ca_certs, self.crl)
         try:
             reloader = Reloader(
                 files.certfile,
                 files.keyfile,
                 recipe=functools.partial(self.recipe_for, files),
                 ca_certs=files.ca_certs,
+                crl=files.crl,
                 password=self.password,
                 interval=self.interval,
                 expiry_warning_days=self.expiry_warning_days,

@@ -137,6 +137,7 @@ class ChangeTracker:
     interval: float
     ca_certs: str | None = None
     period: float = SWEEP_PERIOD
+    crl: str | None = None
     _events: DirectoryEvents | None = None
     _watching: bool = True  # False: no inotify here, or its watches ran out: check everything
     _root_of: dict[str, str] = field(default_factory=dict)  # candidate path -> the configured directory it is in
@@ -228,8 +229,9 @@ class ChangeTracker:
             self._watched.clear()
             self._root_of.clear()
             self._files.clear()
-            if self.ca_certs:
-                self._add_watch(os.path.dirname(os.path.realpath(self.ca_certs)), EVERYTHING)
+            for shared in (self.ca_certs, self.crl):  # every identity's trust
+                if shared:
+                    self._add_watch(os.path.dirname(os.path.realpath(shared)), EVERYTHING)
             for root in self.directories:
                 self._list(root, set())
             for path in self._order:
@@ -377,16 +379,16 @@ class _EveryIdentity:
     _found: tuple[object, dict[str, TLSFiles]] = (None, {})  # the tracker's last found, and what it gave
 
     def __call__(self) -> dict[str, TLSFiles]:
-        return {DEFAULT: self.files, **discover(self.directories, self.files.ca_certs)}
+        return {DEFAULT: self.files, **discover(self.directories, self.files.ca_certs, self.files.crl)}
 
     def tick(self, interval: float) -> tuple[dict[str, TLSFiles], set[str] | None]:
         if self._tracker is None:
-            self._tracker = ChangeTracker(self.directories, interval, self.files.ca_certs)
+            self._tracker = ChangeTracker(self.directories, interval, self.files.ca_certs, crl=self.files.crl)
         self._tracker.interval = interval
         tick = self._tracker.tick()
         if tick.found is not self._found[0]:  # something added, removed or changed its files
-            ca = self.files.ca_certs
-            named = {name: TLSFiles(f.certfile, f.keyfile, ca) for name, f in tick.found.items()}
+            ca, crl = self.files.ca_certs, self.files.crl
+            named = {name: TLSFiles(f.certfile, f.keyfile, ca, crl) for name, f in tick.found.items()}
             self._found = (tick.found, {DEFAULT: self.files, **named})
         look = None if tick.everything else {DEFAULT, *tick.check}
         return self._found[1], look

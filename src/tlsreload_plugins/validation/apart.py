@@ -61,7 +61,9 @@ _lock = threading.Lock()
 _fallback: str | None = None
 """Why no child could be started (validation runs in this process since), or ``None``."""
 _bad_setting_logged = False
-_Key = tuple[str, "str | None", "str | None", bytes, "bytes | None", "bytes | None", "bytes | None"]
+_Key = tuple[
+    str, "str | None", "str | None", "str | None", bytes, "bytes | None", "bytes | None", "bytes | None", "bytes | None"
+]
 """What a verdict of :func:`prejudged` is for: the paths and bytes of a :class:`Snapshot`, and the password's bytes,
 flat (a tuple of built-in values hashes without a Python call per field: a batch holds thousands)."""
 
@@ -213,7 +215,7 @@ def _key(snapshot: Snapshot, password: Password) -> _Key | None:
     except Exception:  # an unreadable password file: judged when asked
         return None
     files = snapshot.files
-    return files.certfile, files.keyfile, files.ca_certs, snapshot.cert, snapshot.key, snapshot.ca, secret
+    return files.certfile, files.keyfile, files.ca_certs, files.crl, *snapshot.parts, secret
 
 
 def _prejudged(snapshot: Snapshot, password: Password) -> Verdict | None:

@@ -4,7 +4,7 @@ fed, read, stopped and reaped (:func:`validate_in_child`), and what it runs (:fu
 The conversation: the parent starts ``sys.executable -I -S -c BOOT DIR`` with ``os.posix_spawn``, three pipes as
 its standard streams and no other descriptor. It writes its ``sys.path`` as one JSON line, then the identities
 in groups (:func:`~tlsreload_plugins.validation.process.frames`): per group one JSON line (the paths, the sizes of
-each certificate, key, CA bundle and password bytes, and the error reading a password raised, if it did),
+each certificate, key, CA bundle, CRL and password bytes, and the error reading a password raised, if it did),
 followed by those bytes end to end: secrets go through the pipe, never through arguments or the environment.
 The child imports ``cryptography``, answers ``{"ready": true}``, then one JSON line per identity, in order:
 ``["leaf", ...]`` or ``["invalid", message, path]``. It leaves at the end of its input. Nothing it writes is
@@ -35,7 +35,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
 from typing import Any, BinaryIO
 
 from tlsreload_plugins.errors import InvalidIdentity
@@ -293,12 +292,7 @@ class _Talk:
 
 def _verdict(answer: list[Any]) -> Verdict:
     if answer[0] == "leaf":
-        _, subject, serial, sans, not_before, not_after, sha256, *more = answer
-        when = datetime.fromisoformat
-        purposes = tuple(map(str, more[0])) if more and more[0] is not None else None
-        return Leaf(
-            str(subject), str(serial), tuple(map(str, sans)), when(not_before), when(not_after), str(sha256), purposes
-        )
+        return Leaf.from_fields(answer[1:])
     if answer[0] != "invalid":
         raise ValueError(f"not a verdict: {answer[0]!r}")
     _, message, path = answer
@@ -325,10 +319,10 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
         group = json.loads(header)
         paths, sizes = group["paths"], group["sizes"]
         for index, fault in enumerate(group["faults"]):
-            cert, key, ca, secret = (
-                None if size is None else source.read(size) for size in sizes[4 * index : 4 * index + 4]
+            cert, key, ca, crl, secret = (
+                None if size is None else source.read(size) for size in sizes[5 * index : 5 * index + 5]
             )
-            snapshot = Snapshot(TLSFiles(*paths[3 * index : 3 * index + 3]), cert or b"", key, ca)
+            snapshot = Snapshot(TLSFiles(*paths[4 * index : 4 * index + 4]), cert or b"", key, ca, crl)
             password: Password = _raising(*fault) if fault else secret
             try:
                 leaf = validate(snapshot, password)
@@ -339,9 +333,7 @@ def serve(source: BinaryIO, sink: BinaryIO) -> None:
                 error = unforeseen(snapshot.files, e)
                 send(["invalid", str(error), error.path])
                 continue
-            when = (leaf.not_before.isoformat(), leaf.not_after.isoformat())
-            purposes = None if leaf.purposes is None else list(leaf.purposes)
-            send(["leaf", leaf.subject, leaf.serial, list(leaf.sans), *when, leaf.sha256, purposes])
+            send(["leaf", *leaf.fields()])
 
 
 def _raising(kind: str, message: str) -> Callable[[], bytes]:

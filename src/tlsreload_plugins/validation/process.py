@@ -96,7 +96,7 @@ def ended(status: int) -> str:
 def frames(items: Sequence[tuple[Snapshot, Password]], path: list[str]) -> Iterator[bytes]:
     """What the child validating ``items`` reads: ``path`` (the parent's ``sys.path``) as a JSON line, then per
     group of identities (:data:`GROUP_BYTES`) one JSON line, ``{"paths": [...], "sizes": [...], "faults":
-    [...]}`` (three paths per identity; the sizes of its certificate, key, CA bundle and password bytes, four
+    [...]}`` (four paths per identity; the sizes of its certificate, key, CA bundle, CRL and password bytes, five
     per identity, null for none; per identity the error its password raised, ``[type name, message]``, or
     null), followed by those bytes, end to end. Built as the child takes it, a group at a time.
 
@@ -117,17 +117,12 @@ def frames(items: Sequence[tuple[Snapshot, Password]], path: list[str]) -> Itera
             except Exception as e:  # raised again in the child, where validate asks for the password
                 known = secrets[id(password)] = (None, [type(e).__name__, str(e)])
         secret, fault = known
-        files, cert, key, ca = snapshot.files, snapshot.cert, snapshot.key, snapshot.ca
-        paths += (files.certfile, files.keyfile, files.ca_certs)
-        sizes += (
-            None if cert is None else len(cert),
-            None if key is None else len(key),
-            None if ca is None else len(ca),
-            None if secret is None else len(secret),
-        )
+        files, parts = snapshot.files, snapshot.parts
+        paths += (files.certfile, files.keyfile, files.ca_certs, files.crl)
+        sizes += (*(None if part is None else len(part) for part in parts), None if secret is None else len(secret))
         faults.append(fault)
-        blobs += (cert or b"", key or b"", ca or b"", secret or b"")
-        length += len(cert or b"") + len(key or b"") + len(ca or b"")
+        blobs += (*(part or b"" for part in parts), secret or b"")
+        length += sum(len(part or b"") for part in parts)
         if length >= GROUP_BYTES:
             yield _group(paths, sizes, faults, blobs)
             paths, sizes, faults, blobs, length = [], [], [], [], 0

@@ -1,0 +1,216 @@
+"""Certificate revocation lists in every server of the shared matrix: each kind of :mod:`server_kinds` runs with a
+client-CA bundle and its CRL file, given in the server's own convention (``crl=`` of :func:`server_kinds.args`).
+
+For every kind, while the holder of a client certificate keeps connecting:
+
+1. the holder gets in from every worker and keeps a session from each: refusing it is possible at all;
+2. the CRL is replaced by one revoking the holder: every worker refuses its new handshakes, and no session kept in
+   1 gets back in, while another client of the same CA gets in from every worker;
+3. the CRL is replaced by one revoking nobody: the holder gets in again.
+
+On :data:`HOSTILE_KINDS`, each hostile CRL file (garbage, another CA's CRL, a forged one, an expired one, an empty
+file, a FIFO) is reported by every worker naming the file, the last good CRL holds (the holder stays out) and nobody
+else is refused; then a CA and its CRL rotated together take effect as one change. The core's cases in detail:
+tests/test_crl.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trustme
+
+import server_kinds
+from hostile import place_good
+from test_hostile import TESTS, server_env
+from test_trust import ask, client, sessions_from_every_worker
+from tlsreload_plugins.settings import CRL_ENV
+from tlstest import (
+    HOST,
+    Pair,
+    RenameEachLayout,
+    Server,
+    crl_pem,
+    free_port,
+    issue,
+    replace_file,
+    run_server,
+    wait_until,
+)
+
+DEADLINE = 30.0
+"""Seconds for a server to start, or for every worker to take a new CRL (the interval is 0.3 s)."""
+REFUSALS = 8
+"""Consecutive new connections that must all be refused before the holder counts as refused by every worker."""
+HOSTILE_KINDS = ("sync", "tlsreload-uvicorn")
+"""Kinds that meet every hostile CRL file (the others: revoke and un-revoke only, to keep the suite's time)."""
+DAY = datetime.timedelta(days=1)
+
+
+class Trust:
+    """A client-CA bundle and its CRL file on disk, and two clients of that CA."""
+
+    def __init__(self, root: Path, server_ca: trustme.CA) -> None:
+        self.server_ca = server_ca
+        self.ca = trustme.CA()
+        root.mkdir()
+        self.bundle, self.crl = root / "ca.crt", root / "clients.crl"
+        replace_file(self.bundle, self.ca.cert_pem.bytes())
+        replace_file(self.crl, crl_pem(self.ca))
+        self.holder = issue(self.ca, "holder.example")
+        self.other = issue(self.ca, "other.example")
+
+    def client(self, pair: Pair) -> ssl.SSLContext:
+        return client(self.server_ca, pair, ssl.TLSVersion.TLSv1_3, False)
+
+
+def refused_by_every_worker(port: int, ctx: ssl.SSLContext) -> float:
+    """Seconds until :data:`REFUSALS` new connections of ``ctx`` in a row are refused."""
+    start = time.monotonic()
+    wait_until(
+        lambda: not any(ask(port, ctx).ok for _ in range(REFUSALS)), DEADLINE, interval=0.05, what="every refusal"
+    )
+    return time.monotonic() - start
+
+
+def statuses(port: int, ctx: ssl.SSLContext, workers: int) -> dict[int, dict[str, object]]:
+    """The first reloader's ``status()`` of each of ``workers`` processes (``/status``)."""
+    found: dict[int, dict[str, object]] = {}
+
+    def every_worker() -> bool:
+        answer = get_status(port, ctx)
+        if answer is not None:
+            found[answer[0]] = answer[1]
+        return len(found) >= workers
+
+    wait_until(every_worker, DEADLINE, interval=0.01, what="the status of every worker")
+    return found
+
+
+def get_status(port: int, ctx: ssl.SSLContext) -> tuple[int, dict[str, object]] | None:
+    with (
+        socket.create_connection((HOST, port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        response = b""
+        while chunk := tls.recv(65536):
+            response += chunk
+    body = json.loads(response.split(b"\r\n\r\n", 1)[1])
+    return int(body["pid"]), body["reloaders"][0]
+
+
+@pytest.fixture(params=list(server_kinds.KINDS))
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def start(kind: str, tmp_path: Path, ca: trustme.CA, trust: Trust) -> tuple[int, list[str]]:
+    layout = RenameEachLayout(tmp_path / "tls")
+    place_good(layout.cert_path, layout.key_path, ca)
+    port = free_port()
+    return port, server_kinds.args(kind, port, layout, client_ca=trust.bundle, crl=trust.crl)
+
+
+def test_a_revocation_reaches_every_worker_and_no_session_made_before_it(
+    kind: str, ca: trustme.CA, tmp_path: Path
+) -> None:
+    trust = Trust(tmp_path / "clients", ca)
+    port, command = start(kind, tmp_path, ca, trust)
+    workers = server_kinds.workers(kind)
+    holder, other = trust.client(trust.holder), trust.client(trust.other)
+    with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+        kept = in_from_every_worker(server, port, holder, workers, "before any revocation")
+
+        replace_file(trust.crl, crl_pem(trust.ca, trust.holder))
+        refused_by_every_worker(port, holder)
+        answered = [ask(port, holder, session) for session in kept.values() for _ in range(4)]
+        assert not any(answer.ok for answer in answered), f"{kind}: a session made before the revocation got in"
+        in_from_every_worker(server, port, other, workers, "a client nobody revoked")
+
+        replace_file(trust.crl, crl_pem(trust.ca))
+        in_from_every_worker(server, port, holder, workers, "un-revoked")
+
+
+def in_from_every_worker(
+    server: Server, port: int, ctx: ssl.SSLContext, workers: int, when: str
+) -> dict[int, ssl.SSLSession]:
+    try:
+        return sessions_from_every_worker(port, ctx, workers)
+    except AssertionError:
+        raise AssertionError(f"refused from some worker ({when})\n{server.output()}") from None
+
+
+HOSTILE = ("garbage", "another CA's", "forged", "expired", "empty", "fifo")
+
+
+def place_hostile(trust: Trust, case: str) -> None:
+    if case == "fifo":
+        staged = trust.crl.with_name(".fifo")
+        os.mkfifo(staged)
+        os.replace(staged, trust.crl)
+        return
+    data = {
+        "garbage": b"-----BEGIN X509 CRL-----\nbm90IGEgQ1JM\n-----END X509 CRL-----\n",
+        "another CA's": crl_pem(trustme.CA()),
+        "forged": crl_pem(trust.ca, signer=trustme.CA()),
+        "expired": crl_pem(trust.ca, last_update=-2 * DAY, next_update=-DAY),
+        "empty": b"",
+    }[case]
+    replace_file(trust.crl, data)
+
+
+@pytest.mark.parametrize("hostile_kind", HOSTILE_KINDS)
+def test_hostile_crl_files_keep_the_last_good_one_and_a_ca_rotates_with_its_crl(
+    hostile_kind: str, ca: trustme.CA, tmp_path: Path
+) -> None:
+    trust = Trust(tmp_path / "clients", ca)
+    replace_file(trust.crl, crl_pem(trust.ca, trust.holder))
+    port, command = start(hostile_kind, tmp_path, ca, trust)
+    workers = server_kinds.workers(hostile_kind)
+    holder, other = trust.client(trust.holder), trust.client(trust.other)
+    with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+        in_from_every_worker(server, port, other, workers, "at start")
+        assert not ask(port, holder).ok
+        for case in HOSTILE:
+            place_hostile(trust, case)
+
+            def reported(case: str = case) -> bool:
+                found = statuses(port, other, workers)
+                return all(str(trust.crl) in str(status["last_error"] or "") for status in found.values())
+
+            wait_until(reported, DEADLINE, what=f"every worker reporting the {case} CRL")
+            assert not any(ask(port, holder).ok for _ in range(REFUSALS)), f"{case}: the last good CRL no longer holds"
+            in_from_every_worker(server, port, other, workers, f"{case} CRL on disk")
+        # A CA and its CRL written together (the bundle a moment before its CRL): one change.
+        successor = trustme.CA()
+        newcomer, revoked = issue(successor, "new.example"), issue(successor, "revoked.example")
+        replace_file(trust.bundle, successor.cert_pem.bytes())
+        replace_file(trust.crl, crl_pem(successor, revoked))
+        in_from_every_worker(server, port, trust.client(newcomer), workers, "the successor CA")
+        refused_by_every_worker(port, trust.client(revoked))
+        refused_by_every_worker(port, other)
+
+
+def test_grpc_refuses_a_crl_at_start_with_one_line(ca: trustme.CA, tmp_path: Path) -> None:
+    trust = Trust(tmp_path / "clients", ca)
+    pair = issue(ca, "localhost")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(pair.chain)
+    key.write_bytes(pair.key)
+    port = free_port()
+    command = [sys.executable, str(TESTS / "grpc_apps.py"), "--certfile", str(cert), "--keyfile", str(key)]
+    command += ["--port", str(port), "--ca-certs", str(trust.bundle)]
+    env = {**os.environ, **server_env(), CRL_ENV: str(trust.crl)}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "take no certificate revocation list" in result.stdout + result.stderr

@@ -14,12 +14,13 @@ import logging
 import threading
 import weakref
 from typing import Any
+from urllib.parse import urlparse
 
 from requests.adapters import HTTPAdapter
 from requests.exceptions import InvalidProxyURL
 from requests.models import PreparedRequest, Response
 from requests.utils import select_proxy
-from urllib3 import PoolManager
+from urllib3 import HTTPConnectionPool, PoolManager
 
 from tlsreload_plugins.client.identity import ClientIdentity, Presented
 from tlsreload_plugins.client.pools import Pools
@@ -113,12 +114,16 @@ class ReloadingAdapter(HTTPAdapter):
             # no longer takes it from under the response.
             _clear_all(self._pools.release(manager))
 
-    def build_connection_pool_key_attributes(
-        self, request: PreparedRequest, verify: Any, cert: Any = None
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """requests' pool key, with certificate verification required and no CA path or certificate file (the
-        context holds them: urllib3 would load them into it)."""
-        return super().build_connection_pool_key_attributes(request, True, None)
+    def get_connection_with_tls_context(
+        self, request: PreparedRequest, verify: Any, proxies: Any = None, cert: Any = None
+    ) -> HTTPConnectionPool:
+        """The pool for ``request`` in this request's pool manager, keyed with certificate verification required
+        and nothing else: the manager's context holds the CAs and the certificate (requests would add a CA path
+        or its own preloaded context, which urllib3 would load into, or put in place of, this one)."""
+        url = urlparse(str(request.url))
+        return self.poolmanager.connection_from_host(
+            host=url.hostname, port=url.port, scheme=url.scheme.lower(), pool_kwargs={"cert_reqs": "CERT_REQUIRED"}
+        )
 
     def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
         """Certificates are verified against the context's CAs: no CA path on the pool (urllib3 would load it

@@ -26,6 +26,8 @@ CLIENTS: dict[str, tuple[str, str]] = {
     "httpx": ("examples/httpx_client.py", "http"),
     "httpx-async": ("examples/httpx_async_client.py", "http"),
     "requests": ("examples/requests_client.py", "http"),
+    "grpc": ("examples/grpc_client.py", "grpc"),
+    "grpc-aio": ("examples/grpc_async_client.py", "grpc"),
 }
 """kind: (its example, relative to the repository; the server it calls: ``http`` or ``grpc``)."""
 

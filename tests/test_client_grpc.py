@@ -15,15 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
-import grpc.aio
 import pytest
 
-from client_kinds import World, serve
-from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.client.grpc import AsyncReloadingChannel, ReloadingChannel
-from tlsreload_plugins.outcome import Outcome
-from tlstest import PASSWORD, KubeletLayout, issue, wait_until, with_password
+grpc = pytest.importorskip("grpc")
+
+from client_kinds import World, serve  # noqa: E402
+from tlsreload_plugins.client import ClientIdentity  # noqa: E402
+from tlsreload_plugins.client.grpc import AsyncReloadingChannel, ReloadingChannel  # noqa: E402
+from tlsreload_plugins.outcome import Outcome  # noqa: E402
+from tlstest import PASSWORD, KubeletLayout, issue, wait_until, with_password  # noqa: E402
 
 
 @pytest.fixture

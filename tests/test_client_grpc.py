@@ -82,6 +82,7 @@ def test_calls_in_flight_finish_on_their_channel(world: World, tmp_path: Path) -
     client = Client(world, tmp_path)
     first = client.pair.serial
     with ReloadingChannel(client.identity, client.target) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)  # connectivity: subscribe and unsubscribe
         who, held, twice = methods(channel)
         assert who(b"", timeout=10).decode() == first
         future = held.future(client.held, timeout=30)
@@ -122,6 +123,7 @@ def test_grpc_aio_calls_in_flight_finish_on_their_channel(world: World, tmp_path
 
     async def scenario() -> None:
         async with AsyncReloadingChannel(client.identity, client.target) as channel:
+            await asyncio.wait_for(channel.channel_ready(), 10)
             who, held, twice = methods(channel)
             assert (await who(b"", timeout=10)).decode() == first
             call = held(client.held, timeout=30)

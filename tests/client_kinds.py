@@ -2,12 +2,14 @@
 server of tests/mtls_servers.py that re-reads its own files per connection and answers with the client
 certificate it saw.
 
-:data:`CLIENTS` maps a kind to its example and the server it talks to; :func:`start` runs one, and
-:class:`ClientRun` reads its answers (one JSON line per request on stdout) and its log (stderr) as they come.
+:data:`CLIENTS` maps a kind to its example and the server it talks to; :func:`serve` starts that server, :func:`start`
+runs the example, and :class:`ClientRun` reads its answers (one JSON line per request on stdout) and its log
+(stderr) as they come.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,9 +17,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import trustme
+
+from tlstest import Pair, free_port, issue, run_server, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -26,6 +33,8 @@ CLIENTS: dict[str, tuple[str, str]] = {
     "httpx": ("examples/httpx_client.py", "http"),
     "httpx-async": ("examples/httpx_async_client.py", "http"),
     "requests": ("examples/requests_client.py", "http"),
+    "grpc": ("examples/grpc_client.py", "grpc"),
+    "grpc-aio": ("examples/grpc_async_client.py", "grpc"),
 }
 """kind: (its example, relative to the repository; the server it calls: ``http`` or ``grpc``)."""
 
@@ -89,6 +98,47 @@ class ClientRun:
                 raise AssertionError(f"the client did not exit within {within}s of SIGTERM:\n{self.output()}") from None
         assert self.proc.returncode == 0, f"exit {self.proc.returncode}:\n{self.output()}"
         return time.monotonic() - started
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Write ``data`` at ``path`` in one step (a file renamed over it)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
+
+
+@dataclass
+class World:
+    """An mTLS server (its CA, its files) and a client's files."""
+
+    server_ca: trustme.CA
+    client_ca: trustme.CA
+    server_dir: Path
+    port: int
+    server_kind: str
+
+    def server_files(self, pair: Pair, client_cas: bytes) -> None:
+        replace(self.server_dir / "server.key", pair.key)  # before the certificate: never a mismatched pair
+        replace(self.server_dir / "server.crt", pair.chain)
+        replace(self.server_dir / "client-ca.pem", client_cas)
+
+
+@contextlib.contextmanager
+def serve(tmp_path: Path, server_kind: str) -> Iterator[World]:
+    """An mTLS server of tests/mtls_servers.py (``http`` or ``grpc``) on files of its own, listening."""
+    directory = tmp_path / "server"
+    directory.mkdir()
+    here = World(trustme.CA(), trustme.CA(), directory, free_port(), server_kind)
+    here.server_files(issue(here.server_ca), here.client_ca.cert_pem.bytes())
+    args = [
+        str(TESTS / "mtls_servers.py"),
+        server_kind,
+        *("--cert", str(directory / "server.crt"), "--key", str(directory / "server.key")),
+        *("--client-ca", str(directory / "client-ca.pem"), "--port", str(here.port)),
+    ]
+    with run_server([sys.executable, *args], tmp_path / "server.log", here.port) as server:
+        wait_until(lambda: "ready" in server.output(), 30, what=f"the {server_kind} mTLS server to listen")
+        yield here
 
 
 def command(example: str, server: str, port: int, cert: Path, key: Path, cacert: Path, **options: Any) -> list[str]:

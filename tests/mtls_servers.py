@@ -4,7 +4,9 @@ test writes is what the next handshake gets, with no reloader of ours in between
 
 ``python tests/mtls_servers.py http --cert C --key K --client-ca CA --port P``: HTTP/1.1 with keep-alive; ``GET``
 answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline.
-``python tests/mtls_servers.py grpc ...``: gRPC, ``/echo.Echo/Who`` (raw bytes, no protobuf) answers the same.
+``python tests/mtls_servers.py grpc ...``: gRPC, ``/echo.Echo/Who`` (raw bytes, no protobuf) answers the same;
+``/echo.Echo/Held`` (unary) answers it once the file named by the request exists, and ``/echo.Echo/Twice`` (unary
+to stream) answers it at once and again once that file exists: calls that stay in flight as long as a test wants.
 Each writes ``ready`` on a line once it listens; SIGTERM stops it (exit 0).
 """
 
@@ -12,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import os
 import signal
 import socket
 import ssl
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -102,9 +107,30 @@ def serve_grpc(args: argparse.Namespace, stop: threading.Event) -> None:
         pem = context.auth_context().get("x509_pem_cert", [b""])[0]
         return serial_hex(x509.load_pem_x509_certificate(pem).serial_number).encode() if pem else b"none"
 
+    def released(path: bytes, context: Any) -> None:
+        """Return once the file at ``path`` exists (or the call ends, or 60 s pass)."""
+        ended = threading.Event()
+        context.add_callback(ended.set)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and not ended.is_set() and time.monotonic() < deadline:
+            ended.wait(0.02)
+
+    def held(request: bytes, context: Any) -> bytes:
+        released(request, context)
+        return who(request, context)
+
+    def twice(request: bytes, context: Any) -> Iterator[bytes]:
+        yield who(request, context)
+        released(request, context)
+        yield who(request, context)
+
     server = grpc.server(ThreadPoolExecutor(max_workers=8))
-    handler = grpc.unary_unary_rpc_method_handler(who)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("echo.Echo", {"Who": handler}),))
+    handlers = {
+        "Who": grpc.unary_unary_rpc_method_handler(who),
+        "Held": grpc.unary_unary_rpc_method_handler(held),
+        "Twice": grpc.unary_stream_rpc_method_handler(twice),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("echo.Echo", handlers),))
     # The fetcher runs for every new connection: it returns the files as they are now.
     credentials = grpc.dynamic_ssl_server_credentials(
         configuration(), configuration, require_client_authentication=True

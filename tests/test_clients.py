@@ -7,32 +7,22 @@ write them; hostile content is written where they are; the server's CA and the c
 from __future__ import annotations
 
 import datetime
-import os
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import trustme
 
-from client_kinds import CLIENTS, STOCK, ClientRun, start
+from client_kinds import CLIENTS, STOCK, ClientRun, World, replace, serve, start
 from hostile import leaf_for_key, load_key_on_disk
-from tlstest import CertbotLayout, KubeletLayout, Pair, free_port, issue, run_server, wait_until
+from tlstest import CertbotLayout, KubeletLayout, Pair, issue, wait_until
 
 INTERVAL = 0.2
 EVERY = 100
 EVERY_REQUEST_WITHIN = INTERVAL + 10.0
 """The issue's bound for every request to present a rotated certificate (benchmarks/client_rotation.py measures
 how soon it does); the tests wait that long and more before failing."""
-
-
-def replace(path: Path, data: bytes) -> None:
-    """Write ``data`` at ``path`` in one step (a file renamed over it)."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
 
 
 class ClientFiles:
@@ -71,37 +61,10 @@ class ClientFiles:
         self.write()
 
 
-@dataclass
-class World:
-    """An mTLS server (its CA, its files) and a client's files."""
-
-    server_ca: trustme.CA
-    client_ca: trustme.CA
-    server_dir: Path
-    port: int
-    server_kind: str
-
-    def server_files(self, pair: Pair, client_cas: bytes) -> None:
-        replace(self.server_dir / "server.key", pair.key)  # before the certificate: never a mismatched pair
-        replace(self.server_dir / "server.crt", pair.chain)
-        replace(self.server_dir / "client-ca.pem", client_cas)
-
-
 @pytest.fixture
 def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
     server_kind = CLIENTS.get(getattr(request, "param", "httpx"), STOCK)[1]
-    directory = tmp_path / "server"
-    directory.mkdir()
-    here = World(trustme.CA(), trustme.CA(), directory, free_port(), server_kind)
-    here.server_files(issue(here.server_ca), here.client_ca.cert_pem.bytes())
-    args = [
-        str(Path(__file__).parent / "mtls_servers.py"),
-        server_kind,
-        *("--cert", str(directory / "server.crt"), "--key", str(directory / "server.key")),
-        *("--client-ca", str(directory / "client-ca.pem"), "--port", str(here.port)),
-    ]
-    with run_server([sys.executable, *args], tmp_path / "server.log", here.port) as server:
-        wait_until(lambda: "ready" in server.output(), 30, what=f"the {server_kind} mTLS server to listen")
+    with serve(tmp_path, server_kind) as here:
         yield here
 
 

@@ -8,7 +8,8 @@ child process, hostile files contained, a failure reported once with the file na
 and the key in two OpenSSL calls, and a handshake in between would present the new chain with the old key.
 
 What a client library's glue needs of it: :attr:`ClientIdentity.presented` (the newest context with its
-generation, one value), and :meth:`ClientIdentity.subscribe` to be told of a change on the checking thread.
+generation and the bytes it was built from, one value), and :meth:`ClientIdentity.subscribe` to be told of a change
+on the checking thread.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import Examined, examine_files, load_identity
-from tlsreload_plugins.files import Password, TLSFiles, fingerprint
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import password_digest
 from tlsreload_plugins.metrics import observe, wanted
@@ -93,11 +94,15 @@ def judge_purpose(leaf: Leaf, files: TLSFiles) -> None:
 @dataclass(frozen=True)
 class Presented:
     """What new connections present: a context and the certificate in it, with the generation that changes with
-    them (0 for the first). One value, swapped whole: a context is never paired with another's generation."""
+    them (0 for the first), and the bytes they were built from. One value, swapped whole: a context is never paired
+    with another's generation or another's bytes."""
 
     generation: int
     context: ssl.SSLContext
     leaf: Leaf
+    snapshot: Snapshot
+    """The certificate, key and CA bytes validated and built into :attr:`context`: for a client whose TLS is not
+    Python's (gRPC's C core takes PEM bytes, not an :class:`ssl.SSLContext`)."""
 
 
 class ClientIdentity:
@@ -165,7 +170,7 @@ class ClientIdentity:
         now = clock()
         judge_period(leaf, self.files, datetime.fromtimestamp(now, timezone.utc))
         judge_purpose(leaf, self.files)
-        self._presented = Presented(0, context, leaf)
+        self._presented = Presented(0, context, leaf, snapshot)
         self._fingerprint = fingerprint(snapshot)
         self._known_bad: Examined | None = None
         self._settling = Settling()
@@ -292,11 +297,16 @@ class ClientIdentity:
         if examined.unchanged:
             self._succeeded(now)
             return Outcome.UNCHANGED
-        if examined.changed_while_building or examined.context is None or examined.leaf is None:
+        if (
+            examined.changed_while_building
+            or examined.context is None
+            or examined.leaf is None
+            or examined.snapshot is None
+        ):
             log.debug("client certificate files changed while being loaded; checking again")
             return Outcome.PENDING
         old = self._presented
-        self._presented = Presented(old.generation + 1, examined.context, examined.leaf)
+        self._presented = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot)
         self._fingerprint = examined.fingerprint or ""
         self._known_bad = None
         self._reloads += 1

@@ -3,9 +3,10 @@
 daphne, ``twistd web`` and every Twisted service listen through endpoint strings; Twisted's ``ssl:``
 endpoint caches one ``OpenSSL.SSL.Context`` for the life of the process. ``tlsreload:`` takes the same
 string (``daphne -e tlsreload:8443:privateKey=tls.key:certKey=tls.crt app``) and hands each new connection
-the newest validated context. Twisted finds the prefix through the plugin ``twisted/plugins/tlsreload_endpoint.py``
-shipped with this package, which calls :func:`reloading_endpoint`. The keywords are exactly those of
-Twisted's own ``ssl:`` parser (bound to its signature), plus :data:`EXTRA_KEYWORDS`; ``TLSRELOAD_*`` apply.
+the newest validated context. Twisted finds the prefix through the plugin ``twisted/plugins/tlsreload_endpoint.py``,
+which calls :func:`reloading_endpoint` and which the ``[twisted]`` extra installs (a distribution of its own,
+tlsreload-twisted-endpoint). The keywords are exactly those of Twisted's own ``ssl:`` parser (bound to its
+signature), plus :data:`EXTRA_KEYWORDS`; ``TLSRELOAD_*`` apply.
 
 Every context is built by Twisted's ``ssl:`` parser itself (same method, options, ciphers, DH parameters,
 ``extraCertChain``) from the bytes the core's reader read (a key with a password decrypted in memory),

@@ -1,6 +1,6 @@
-"""Twisted's plugin for the ``tlsreload:`` endpoint (``ssl:`` plus live certificate reload), shipped by
-tlsreload-plugins into Twisted's ``twisted/plugins`` directory (which has no ``__init__.py``: Twisted
-collects plugin modules from every such directory on ``sys.path``).
+"""Twisted's plugin for the ``tlsreload:`` endpoint (``ssl:`` plus live certificate reload), shipped by the
+tlsreload-twisted-endpoint distribution (which ``tlsreload-plugins[twisted]`` installs) into Twisted's
+``twisted/plugins`` directory (Twisted collects plugin modules from every such directory on ``sys.path``).
 
 Twisted imports this module whenever it looks for endpoint plugins, so it imports nothing beyond what
 Twisted has loaded already: tlsreload itself is imported when a ``tlsreload:`` endpoint is asked for.

@@ -3,15 +3,17 @@ whose app answers which of asyncio, cryptography and prometheus_client its worke
 
 - A gunicorn sync worker loads no asyncio, and no prometheus_client unless metrics are asked for.
 - The workers of the spawn-based servers (tlsreload-uvicorn --workers, tlsreload-hypercorn) take their
-  parent's verdict on the files, at start and on every rotation, and load no cryptography; only content the
-  parent refused is judged by each worker itself (a bad pair refused). A trio worker loads no asyncio.
+  parent's verdict on the files, at start, on every rotation and on a bad pair (its refusal, which each worker
+  reports), and load no cryptography. A trio worker loads no asyncio.
 - A serving process that validates (tlsreload-uvicorn in one process, a gunicorn sync or gevent worker) does so
   in a short-lived child process and never loads cryptography, at start, after a reload nor after a refusal.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import ssl
 import sys
 from pathlib import Path
@@ -19,11 +21,13 @@ from pathlib import Path
 import pytest
 import trustme
 
+from test_hypercorn import unless_hypercorn_left_on_hup
 from tlstest import HOST, KubeletLayout, client_context, free_port, get, issue, run_server, wait_until
 
 TESTS = Path(__file__).parent
 INTERVAL = "0.3"
 DEADLINE = 30.0
+LAST_GOOD = "serving the last good certificate this server served"
 
 
 def ask(port: int, ctx: ssl.SSLContext) -> tuple[str, int, set[str]]:
@@ -34,8 +38,9 @@ def ask(port: int, ctx: ssl.SSLContext) -> tuple[str, int, set[str]]:
     return serial, int(match.group(1)), set(filter(None, match.group(2).decode().split(",")))
 
 
-def every_worker(port: int, ctx: ssl.SSLContext, serial: str) -> dict[int, set[str]]:
-    """Poll until two workers have served ``serial``; the modules each has loaded."""
+def every_worker(port: int, ctx: ssl.SSLContext, serial: str, besides: set[int] = frozenset()) -> dict[int, set[str]]:
+    """Poll until two workers have served ``serial``, one of them not among ``besides``; the modules each has
+    loaded."""
     workers: dict[int, set[str]] = {}
 
     def both() -> bool:
@@ -43,7 +48,7 @@ def every_worker(port: int, ctx: ssl.SSLContext, serial: str) -> dict[int, set[s
             served, pid, loaded = ask(port, ctx)
             if served == serial:
                 workers[pid] = loaded
-        return len(workers) >= 2
+        return len(workers) >= 2 and bool(workers.keys() - besides)
 
     wait_until(both, DEADLINE, what=f"two workers serving {serial}")
     return workers
@@ -93,15 +98,14 @@ def test_a_sync_worker_loads_no_asyncio_and_prometheus_client_only_when_asked(
 
 
 @pytest.mark.parametrize("server", ["tlsreload-uvicorn", "tlsreload-hypercorn-asyncio", "tlsreload-hypercorn-trio"])
-def test_spawned_workers_take_their_parent_s_verdicts_and_judge_only_what_it_refused(
-    tmp_path: Path, ca: trustme.CA, server: str
-) -> None:
+def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Path, ca: trustme.CA, server: str) -> None:
     layout = KubeletLayout(tmp_path / "secret")
     first, second = issue(ca), issue(ca)
     layout.install(first)
     port = free_port()
     ctx = client_context(ca)
-    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env["TLSRELOAD_INTERVAL"] = INTERVAL
     with run_server(command(server, port, layout), tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
         at_start = every_worker(port, ctx, first.serial)
         for loaded in at_start.values():
@@ -112,16 +116,27 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_judge_only_what_it_ref
         layout.install(second)
         rotated = every_worker(port, ctx, second.serial)
         assert all("cryptography" not in loaded for loaded in rotated.values()), rotated
-        # A bad pair the parent refuses: each worker judges it itself (cryptography loaded now) and keeps the second.
+        # A bad pair the parent refuses: each worker takes its refusal, reports it and keeps the second; a worker
+        # started now serves the second at once, on that refusal: no worker loads cryptography.
         layout.write_raw(first.chain, second.key)
         wait_until(
             lambda: running.output().count("certificate reload failed") >= 2, DEADLINE, what="each worker refusing"
         )
         after = every_worker(port, ctx, second.serial)
+        running.proc.send_signal(signal.SIGHUP)  # both servers replace their workers
+        wait_until(
+            lambda: unless_hypercorn_left_on_hup(running) or LAST_GOOD in running.output(),
+            DEADLINE,
+            what="a new worker on the last good pair",
+        )
+        replaced = every_worker(port, ctx, second.serial, besides=set(after))
         assert running.proc.poll() is None, running.output()
-    for loaded in after.values():
-        assert "cryptography" in loaded, loaded
-    assert "Traceback" not in running.output()
+    for loaded in [*after.values(), *replaced.values()]:
+        assert "cryptography" not in loaded, loaded
+    out = running.output()
+    assert "Traceback" not in out
+    refusals = [line for line in out.splitlines() if "certificate reload failed" in line or LAST_GOOD in line]
+    assert all("does not match" in line for line in refusals), refusals
 
 
 def test_the_core_imports_no_cryptography_until_it_parses(tmp_path: Path) -> None:

@@ -244,10 +244,11 @@ def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_p
         out.with_suffix(".step").write_text("reload")
         assert result("reload") == {"serial": third.serial, "outcome": "reloaded", "cryptography": False, "kept": True}
         assert store.read() == (third.chain, third.key, None, None)
-        # A pair the keeper refuses: the worker judges it itself, refuses it, and keeps serving the third.
+        # A pair the keeper refuses: the worker takes the keeper's refusal (no cryptography loaded) and keeps
+        # serving the third.
         layout.write_raw(first.chain, third.key)
         out.with_suffix(".step").write_text("bad")
-        assert result("bad") == {"serial": third.serial, "outcome": "failed", "cryptography": True, "kept": True}
+        assert result("bad") == {"serial": third.serial, "outcome": "failed", "cryptography": False, "kept": True}
     finally:
         out.with_suffix(".step").write_text("stop")
         worker.join(30)

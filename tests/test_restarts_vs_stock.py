@@ -12,14 +12,22 @@ the way in, each server gets one SIGHUP; ``--max-requests 40 --max-requests-jitt
   for stock: every answer must carry the plugin's last good certificate, and its failures stay level with stock's.
 
 A failed request is any exception, a connection closed without a response included. The assertion is
-:func:`assert_not_clearly_more`; ``pytest -s`` prints one line per model and window. Not here, for CI's time:
-hypercorn, whose stock ``--max-requests`` recycle takes seconds (a window holding recycles on both sides took 20
-to 50 s for that model alone, measured) and whose stock parent now and then exits 0 on SIGHUP (test_hypercorn.py);
-tornado, whose restarts test_restarts.py covers.
+:func:`assert_not_clearly_more`; ``pytest -s`` prints one line per model and window. Not here: tornado, whose
+restarts test_restarts.py covers.
+
+hypercorn (``--workers 2``, asyncio) has a longer window, and stops itself now and then, stock as well as the
+plugin: a worker that recycles closes its connections, and a client's data arriving after the worker's
+``close_notify`` raises ``ssl.SSLError: APPLICATION_DATA_AFTER_CLOSE_NOTIFY`` out of hypercorn's own shutdown
+(``hypercorn/asyncio/run.py``, ``worker_serve``); the worker exits 1, and hypercorn's parent stops the whole server
+(with status 0: ``hypercorn/run.py`` returns the status of the workers it terminated). Such windows are run
+again, and the test skips when every attempt met it; the plugin stopping any other way fails.
+
+Both sides start from compiled modules, as an installed package does (:func:`compiled`).
 """
 
 from __future__ import annotations
 
+import compileall
 import inspect
 import signal
 import ssl
@@ -35,11 +43,14 @@ import trustme
 import uvicorn
 from gunicorn.workers import SUPPORTED_WORKERS
 
+import tlsreload_plugins
 from test_gunicorn import DEADLINE, DROP_IN, TESTS, UVICORN, fetch, gunicorn, start, wait_every_worker
+from test_hypercorn import drop_in as hypercorn_drop_in
+from test_hypercorn import start as start_hypercorn
 from test_restarts import LAST_GOOD
 from test_uvicorn import drop_in
 from test_uvicorn import start as start_uvicorn
-from tlstest import HOST, Hammer, KubeletLayout, Server, client_context, free_port, issue, wait_until
+from tlstest import HOST, Hammer, KubeletLayout, Pair, Server, client_context, free_port, issue, wait_until
 
 WINDOW = 3.0
 """Seconds of traffic per window: enough for several ``max_requests`` recycles per worker at this machine's rate."""
@@ -56,8 +67,18 @@ UVICORN_RECYCLE = ["--limit-max-requests", "40"] + (
 AIOHTTP_WORKER = "aiohttp.GunicornWebWorker"
 """aiohttp's gunicorn worker class, serving :mod:`asyncio_server_apps`' aiohttp app."""
 TLSRELOAD_UVICORN = "tlsreload-uvicorn"
-"""The model ``tlsreload-uvicorn --workers 2`` against ``uvicorn --workers 2``; the others are gunicorn's
-``--worker-class``."""
+"""The model ``tlsreload-uvicorn --workers 2`` against ``uvicorn --workers 2``; the others but hypercorn are
+gunicorn's ``--worker-class``."""
+TLSRELOAD_HYPERCORN = "tlsreload-hypercorn"
+"""The model ``tlsreload-hypercorn --workers 2`` against ``hypercorn --workers 2``, asyncio workers."""
+HYPERCORN_WINDOW = 6.0
+"""hypercorn's window: a recycled worker is replaced once it has exited, by a new interpreter (about 0.4 s to its
+first accept here, twice that under load), so that each worker recycles a few times, as in the others' window."""
+HYPERCORN_ATTEMPTS = 3
+"""Windows in which stock hypercorn's own stop (see the module docstring) met either server are run again, at most
+this many times in all."""
+HYPERCORN_STOPS_ITSELF = "APPLICATION_DATA_AFTER_CLOSE_NOTIFY"
+"""What a hypercorn worker's traceback says when hypercorn's shutdown stops it (and with it the server)."""
 MODELS = [
     "sync",
     "gthread",
@@ -66,8 +87,9 @@ MODELS = [
     UVICORN,
     AIOHTTP_WORKER,
     TLSRELOAD_UVICORN,
+    TLSRELOAD_HYPERCORN,
 ]
-DROPS_ON_ITS_OWN = {"gevent", "asgi", UVICORN, AIOHTTP_WORKER, TLSRELOAD_UVICORN}
+DROPS_ON_ITS_OWN = {"gevent", "asgi", UVICORN, AIOHTTP_WORKER, TLSRELOAD_UVICORN, TLSRELOAD_HYPERCORN}
 """Worker models whose stock server drops requests by itself while its workers restart: 0 to 5 per window, 9 at
 most (measured here in about 120 windows: gevent, ``UvicornWorker`` and ``uvicorn --workers`` close connections
 without a response, asgi ends handshakes with ``SSLEOFError``; aiohttp's worker resets connections, 1 to 4 a
@@ -141,8 +163,23 @@ class Requests(Hammer):
                     self.pids.add(pid)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def compiled() -> None:
+    """The bytecode of the tlsreload_plugins under test, written before any server starts: stock servers import
+    the bytecode pip wrote at install, and a source tree under ``PYTHONDONTWRITEBYTECODE`` would otherwise be
+    compiled again by every worker the plugin's servers start (a cost of the test's set-up, not of the plugin)."""
+    compileall.compile_dir(Path(tlsreload_plugins.__file__).parent, quiet=1)
+
+
 def command(model: str, plugin: bool, port: int, layout: KubeletLayout) -> list[str]:
     """The server of ``model`` with or without the plugin, 2 workers, recycled by max requests."""
+    if model == TLSRELOAD_HYPERCORN:
+        # hypercorn 0.18 sets the jitter from --max-requests (hypercorn/__main__.py): 40 to 80 requests either way.
+        options = ["--workers", "2", "--worker-class", "asyncio", *RECYCLE]
+        if plugin:
+            return hypercorn_drop_in(port, layout, *options)
+        args = ["-m", "hypercorn", str(TESTS / "gunicorn_apps.py") + ":asgi", "--bind", f"{HOST}:{port}"]
+        return [*args, "--certfile", str(layout.cert_path), "--keyfile", str(layout.key_path), *options]
     if model == TLSRELOAD_UVICORN:
         options = ["--workers", "2", "--no-access-log", *UVICORN_RECYCLE]
         if plugin:
@@ -163,29 +200,56 @@ def started(model: str, plugin: bool, layout: KubeletLayout, root: Path) -> Abst
     args = command(model, plugin, free_port(), layout)
     if model == TLSRELOAD_UVICORN:
         return start_uvicorn(args, root, int(args[args.index("--port") + 1]))
+    if model == TLSRELOAD_HYPERCORN:
+        root.mkdir(parents=True, exist_ok=True)
+        return start_hypercorn(args, root, int(args[args.index("--bind") + 1].rsplit(":", 1)[1]))
     return start(args, root)
 
 
-def at(moment: float) -> None:
+class StoppedItself(Exception):
+    """hypercorn stopped the whole server after its own shutdown failed in a recycling worker (see the module
+    docstring): stock's behaviour, in either server."""
+
+
+def at(moment: float, seconds: float) -> None:
     """Return at ``moment`` (``time.monotonic()``): the measured window's own clock, not a wait for a state."""
-    wait_until(lambda: time.monotonic() >= moment, WINDOW + 1, interval=0.01, what="the window's next step")
+    wait_until(lambda: time.monotonic() >= moment, seconds + 1, interval=0.01, what="the window's next step")
 
 
-def window(servers: list[Server], ctx: ssl.SSLContext, steps: list[tuple[float, Callable[[], None]]]) -> list[Requests]:
-    """Client threads on every server for ``WINDOW`` seconds, and on until a worker started within the window has
+def running(servers: list[Server]) -> None:
+    """Raise unless every one of ``servers`` still runs: :class:`StoppedItself` where hypercorn stopped itself,
+    else an ``AssertionError`` with the server's output."""
+    for server in servers:
+        if server.proc.poll() is not None:
+            output = server.output()
+            if HYPERCORN_STOPS_ITSELF in output:
+                raise StoppedItself(f"{' '.join(map(str, server.proc.args[1:3]))} exited {server.proc.returncode}")
+            raise AssertionError(output)
+
+
+def window(
+    servers: list[Server], ctx: ssl.SSLContext, steps: list[tuple[float, Callable[[], None]]], seconds: float = WINDOW
+) -> list[Requests]:
+    """Client threads on every server for ``seconds``, and on until a worker started within the window has
     served on every server (a spawned uvicorn worker can take longer than the window to start under load); each
-    step runs once its share of ``WINDOW`` has passed. The servers share the window, so it lasts as long for all."""
+    step runs once its share of the window has passed. The servers share the window, so it lasts as long for all.
+    Raises as :func:`running` when a server stopped within it."""
     begin = time.monotonic()
     with ExitStack() as threads:
         traffic = [Requests(s.port, ctx, threads=CLIENTS) for s in servers]
         for requests in traffic:
             threads.enter_context(requests)
         for share, step in steps:
-            at(begin + share * WINDOW)
+            at(begin + share * seconds, seconds)
             step()
-        at(begin + WINDOW)
+        at(begin + seconds, seconds)
+
         # Two workers serve as the window opens: a third pid is a worker that started within it.
-        wait_until(lambda: all(len(t.pids) >= 3 for t in traffic), DEADLINE, what="a new worker on every server")
+        def new_workers_or_a_stop() -> bool:
+            return all(len(t.pids) >= 3 for t in traffic) or any(s.proc.poll() is not None for s in servers)
+
+        wait_until(new_workers_or_a_stop, DEADLINE, what="a new worker on every server")
+    running(servers)
     return traffic
 
 
@@ -199,20 +263,32 @@ def hup(*servers: Server) -> Callable[[], None]:
     return send
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_restarts_fail_no_more_requests_than_stock(tmp_path: Path, ca: trustme.CA, model: str) -> None:
-    good = issue(ca)
+@dataclass
+class SideBySide:
+    """What the clients saw in the two windows, and the plugin server's output."""
+
+    plugin_good: Requests
+    stock_good: Requests
+    plugin_broken: Requests
+    stock_beside: Requests
+    output: str
+
+
+def side_by_side(model: str, ca: trustme.CA, good: Pair, root: Path) -> SideBySide:
+    """Stock and the plugin's server of ``model`` at once, in ``root``: the good-files window, then the
+    broken-files one (see the module docstring)."""
     ctx = client_context(ca)
-    layouts = {side: KubeletLayout(tmp_path / side) for side in ("stock", "plugin")}
+    seconds = HYPERCORN_WINDOW if model == TLSRELOAD_HYPERCORN else WINDOW
+    layouts = {side: KubeletLayout(root / side) for side in ("stock", "plugin")}
     for layout in layouts.values():
         layout.install(good)
     with ExitStack() as stack:
-        stock = stack.enter_context(started(model, False, layouts["stock"], tmp_path / "stock"))
-        plugin = stack.enter_context(started(model, True, layouts["plugin"], tmp_path / "plugin"))
+        stock = stack.enter_context(started(model, False, layouts["stock"], root / "stock"))
+        plugin = stack.enter_context(started(model, True, layouts["plugin"], root / "plugin"))
         for server in (stock, plugin):
             wait_every_worker(server.port, ctx, good.serial)
 
-        plugin_good, stock_good = window([plugin, stock], ctx, [(1 / 3, hup(plugin, stock))])
+        plugin_good, stock_good = window([plugin, stock], ctx, [(1 / 3, hup(plugin, stock))], seconds)
 
         other, layout = issue(ca), layouts["plugin"]
         layout.write_raw(other.chain, good.key)  # a mismatched pair: the new certificate, the old key
@@ -221,13 +297,28 @@ def test_restarts_fail_no_more_requests_than_stock(tmp_path: Path, ca: trustme.C
             [plugin, stock],
             ctx,
             [(1 / 3, hup(plugin, stock)), (2 / 3, lambda: layout.write_raw(torn, other.key))],
+            seconds,
         )
-        for server in (stock, plugin):
-            assert server.proc.poll() is None, server.output()
-        output = plugin.output()
+        return SideBySide(plugin_good, stock_good, plugin_broken, stock_beside, plugin.output())
 
-    for side in (plugin_good, stock_good, plugin_broken, stock_beside):
+
+@pytest.mark.parametrize("model", MODELS)
+def test_restarts_fail_no_more_requests_than_stock(tmp_path: Path, ca: trustme.CA, model: str) -> None:
+    good = issue(ca)
+    stops: list[str] = []
+    for attempt in range(HYPERCORN_ATTEMPTS if model == TLSRELOAD_HYPERCORN else 1):
+        try:
+            seen = side_by_side(model, ca, good, tmp_path / f"attempt-{attempt}")
+            break
+        except StoppedItself as e:
+            stops.append(str(e))
+    else:
+        pytest.skip(f"hypercorn stopped itself in every attempt, as stock hypercorn 0.18 does: {'; '.join(stops)}")
+    if stops:
+        print(f"{model}: hypercorn stopped itself, attempts run again: {'; '.join(stops)}")
+
+    for side in (seen.plugin_good, seen.stock_good, seen.plugin_broken, seen.stock_beside):
         assert side.serials == {good.serial}, side.serials
-    assert_not_clearly_more(f"{model}, good files", model, plugin_good, stock_good)
-    assert_not_clearly_more(f"{model}, broken files (plugin)", model, plugin_broken, stock_beside)
-    assert LAST_GOOD in output, output  # workers did start on the broken files
+    assert_not_clearly_more(f"{model}, good files", model, seen.plugin_good, seen.stock_good)
+    assert_not_clearly_more(f"{model}, broken files (plugin)", model, seen.plugin_broken, seen.stock_beside)
+    assert LAST_GOOD in seen.output, seen.output  # workers did start on the broken files

@@ -118,8 +118,9 @@ def verdict(
 
     ``ask``: when the store keeps no verdict for these bytes and a keeper looks after it (a spawn server's
     parent), ask the keeper to look first (up to the store's ``ASK_WAIT``); a caller judging thousands of
-    identities at once asks nobody. When the keeper looked and kept no verdict, it refused them: they are
-    validated in this process (which loads ``cryptography``), whatever refusal is kept.
+    identities at once asks nobody. When the keeper looked and kept no verdict, it refused them: the refusal
+    it kept for exactly these bytes and ``password`` is raised; without one (a refusal for dates, a key
+    password of its own) they are validated in this process (which loads ``cryptography``).
     ``defer``: when validation would start a child, no keeper answered and an identity is kept for
     ``last_good``'s name, it is not run: a process starting now serves what is kept at once.
     ``keep``: a refusal validation finds is kept in ``last_good`` for the server's other processes.
@@ -132,11 +133,11 @@ def verdict(
     leaf, keeper_refused = _kept_leaf(last_good, snapshot, ask)
     if leaf is not None:
         return leaf
-    if keeper_refused:
-        return identity.validate(snapshot, password)
     refused = last_good.refusal(snapshot, password)
     if refused is not None:
         raise refused
+    if keeper_refused:
+        return identity.validate(snapshot, password)
     if defer and apart() and last_good.store.read(last_good.name) is not None:
         raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")
     try:
@@ -266,9 +267,10 @@ def keep_newest_valid(
             if look is not None:  # those the kernel saw change, a slice of the others, those asked about, new ones
                 look = None if asked is None else look | asked | {name for name in found if name not in seen}
             names = [name for name in found if look is None or name in look]
-            judged, valid = _keep_if_valid({name: found[name] for name in names}, password, seen)
+            judged, valid, refused = _keep_if_valid({name: found[name] for name in names}, password, seen)
             seen.update(judged)
             store.write_many(valid)  # one write of the table for all of them
+            store.refuse_many(refused)  # before the pass ends: a worker that asked takes it, not cryptography
 
     def keep() -> None:
         while True:
@@ -320,11 +322,13 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
 
 def _keep_if_valid(
     identities: Mapping[str, TLSFiles], password: Password, seen: Mapping[str, str]
-) -> tuple[dict[str, str], dict[str, tuple[Snapshot, Leaf | None]]]:
+) -> tuple[dict[str, str], dict[str, tuple[Snapshot, Leaf | None]], dict[str, tuple[str, InvalidIdentity]]]:
     """Of ``identities`` (name: files), the fingerprint of the content judged at each one's files (not given
-    when it must be judged again: unreadable, or refused for its dates), and the identities to keep: those
-    whose content is new (not the one ``seen`` gives the name) and valid. The new contents are validated in one
-    batch (:func:`~tlsreload_plugins.validation.apart.validate_many`: one child process, one per CPU for thousands)."""
+    when it must be judged again: unreadable, or refused for its dates), the identities to keep: those whose
+    content is new (not the one ``seen`` gives the name) and valid, and the refusals to keep for the others
+    (name: :func:`content_key`, refusal), which the workers take rather than validate those bytes again. The
+    new contents are validated in one batch (:func:`~tlsreload_plugins.validation.apart.validate_many`: one child
+    process, one per CPU for thousands)."""
     judged: dict[str, str] = {}
     new: dict[str, tuple[Snapshot, str]] = {}
     for name, files in identities.items():
@@ -338,11 +342,14 @@ def _keep_if_valid(
         else:
             new[name] = (snapshot, current)
     kept: dict[str, tuple[Snapshot, Leaf | None]] = {}
+    refused: dict[str, tuple[str, InvalidIdentity]] = {}
     now = datetime.now(timezone.utc)
     leaves = validate_many([(snapshot, password) for snapshot, _ in new.values()])
     for (name, (snapshot, current)), leaf in zip(new.items(), leaves, strict=True):
         if isinstance(leaf, InvalidIdentity):
             judged[name] = current  # unusable content is not parsed again on every check
+            if shareable(leaf):
+                refused[name] = (content_key(snapshot, password), leaf)
             continue
         try:
             judge_period(leaf, snapshot.files, now)
@@ -355,4 +362,4 @@ def _keep_if_valid(
             leaf.serial,
             f" for SNI identity {name}" if name else "",
         )
-    return judged, kept
+    return judged, kept, refused

@@ -25,6 +25,7 @@ TESTS = ROOT / "tests"
 CLIENTS: dict[str, tuple[str, str]] = {
     "httpx": ("examples/httpx_client.py", "http"),
     "httpx-async": ("examples/httpx_async_client.py", "http"),
+    "aiohttp": ("examples/aiohttp_client.py", "http"),
 }
 """kind: (its example, relative to the repository; the server it calls: ``http`` or ``grpc``)."""
 

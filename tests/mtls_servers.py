@@ -3,7 +3,9 @@ saw, and re-reads its own files (certificate, key, client-CA bundle) for every n
 test writes is what the next handshake gets, with no reloader of ours in between.
 
 ``python tests/mtls_servers.py http --cert C --key K --client-ca CA --port P``: HTTP/1.1 with keep-alive; ``GET``
-answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline.
+answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline; ``GET /?until=PATH`` sends the
+serial, then holds the newline back until the file PATH exists (at most a minute): a response in flight, its
+connection lent meanwhile, for as long as the test wants.
 ``python tests/mtls_servers.py grpc ...``: gRPC, ``/echo.Echo/Who`` (raw bytes, no protobuf) answers the same.
 Each writes ``ready`` on a line once it listens; SIGTERM stops it (exit 0).
 """
@@ -12,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import http.server
+import os
 import signal
 import socket
 import ssl
 import sys
 import threading
+import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -53,6 +58,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        until = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("until")
+        if until:
+            self.wfile.write(body[:-1])
+            self.wfile.flush()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(until[0]) and time.monotonic() < deadline:
+                time.sleep(0.02)  # this connection's own thread: others are answered meanwhile
+            body = body[-1:]
         self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:

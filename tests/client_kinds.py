@@ -35,6 +35,7 @@ CLIENTS: dict[str, tuple[str, str]] = {
     "requests": ("examples/requests_client.py", "http"),
     "grpc": ("examples/grpc_client.py", "grpc"),
     "grpc-aio": ("examples/grpc_async_client.py", "grpc"),
+    "aiohttp": ("examples/aiohttp_client.py", "http"),
 }
 """kind: (its example, relative to the repository; the server it calls: ``http`` or ``grpc``)."""
 

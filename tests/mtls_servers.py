@@ -3,7 +3,9 @@ saw, and re-reads its own files (certificate, key, client-CA bundle) for every n
 test writes is what the next handshake gets, with no reloader of ours in between.
 
 ``python tests/mtls_servers.py http --cert C --key K --client-ca CA --port P``: HTTP/1.1 with keep-alive; ``GET``
-answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline.
+answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline; ``GET /?until=PATH`` sends the
+serial, then holds the newline back until the file PATH exists (at most a minute): a response in flight, its
+connection lent meanwhile, for as long as the test wants.
 ``python tests/mtls_servers.py grpc ...``: gRPC, ``/echo.Echo/Who`` (raw bytes, no protobuf) answers the same;
 ``/echo.Echo/Held`` (unary) answers it once the file named by the request exists, and ``/echo.Echo/Twice`` (unary
 to stream) answers it at once and again once that file exists: calls that stay in flight as long as a test wants.
@@ -21,6 +23,7 @@ import ssl
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -61,6 +64,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if self.close_connection:  # the client asked for it: say so, or it may reuse a connection being closed
             self.send_header("Connection", "close")
         self.end_headers()
+        until = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("until")
+        if until:
+            self.wfile.write(body[:-1])
+            self.wfile.flush()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(until[0]) and time.monotonic() < deadline:
+                time.sleep(0.02)  # this connection's own thread: others are answered meanwhile
+            body = body[-1:]
         self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -1,0 +1,68 @@
+"""A service calling an mTLS server with aiohttp, its client certificate rotating under it.
+
+One ``aiohttp.ClientSession`` for the whole run (connections kept alive, as a real service has), its connector
+presenting the newest certificate in the files: a rotation reaches new connections within the interval, and
+connections made before it are closed once their requests are done. The files are checked in a thread, never on
+the event loop; the identity is made (its first read) before the loop starts.
+
+    python examples/aiohttp_client.py --cert client.crt --key client.key --cacert ca.crt \\
+        --url https://localhost:8443/ --duration 60 --every 200
+
+Prints one JSON line per request: {"t": ..., "ok": true, "peer": "<the answer>"} or "ok": false with "error".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+
+import aiohttp
+
+from tlsreload_plugins.client import ClientIdentity
+from tlsreload_plugins.client.aiohttp import ReloadingConnector
+
+
+async def run(args: argparse.Namespace, identity: ClientIdentity) -> None:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    timeout = aiohttp.ClientTimeout(total=5.0)
+    async with aiohttp.ClientSession(connector=ReloadingConnector(identity), timeout=timeout) as session:
+        end = time.monotonic() + args.duration
+        while not stop.is_set() and time.monotonic() < end:
+            line: dict[str, object] = {"t": time.time()}
+            try:
+                async with session.get(args.url) as response:
+                    response.raise_for_status()
+                    line.update(ok=True, peer=(await response.text()).strip())
+            except Exception as e:
+                line.update(ok=False, error=repr(e))
+            print(json.dumps(line), flush=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.every / 1000)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cert", required=True, help="client certificate (PEM, chain after it)")
+    parser.add_argument("--key", required=True, help="its private key (PEM)")
+    parser.add_argument("--cacert", required=True, help="CAs that the server's certificate is verified against")
+    parser.add_argument("--url", required=True, help="the URL to GET")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds to run")
+    parser.add_argument("--every", type=float, default=500.0, help="milliseconds between requests")
+    parser.add_argument("--interval", type=float, default=None, help="seconds between checks of the files")
+    args = parser.parse_args()
+    # Its reloads and refusals on stderr, one line each; the answers on stdout.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with ClientIdentity(args.cert, args.key, cafile=args.cacert, interval=args.interval) as identity:
+        asyncio.run(run(args, identity))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""aiohttp glue: :class:`ReloadingConnector`, a connector for ``aiohttp.ClientSession`` that presents a
+:class:`~tlsreload_plugins.client.identity.ClientIdentity`'s newest certificate.
+
+A connector is what a ``ClientSession`` takes its connections from (``connector=``), and ``connect`` is its
+documented method. aiohttp fixes a ``TCPConnector``'s SSL context when it is made and keys its pooled connections
+by it, so each generation of the identity gets a ``TCPConnector`` of its own: new requests take their connections
+from the newest, never reusing one made with an older context, and a replaced one is closed, with its kept-alive
+connections, once the connections it lent are given back (at the latest ``retire_after`` seconds after the change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp.connector import Connection
+
+from tlsreload_plugins.client.identity import ClientIdentity, Presented
+from tlsreload_plugins.client.pools import DEFAULT_RETIRE_AFTER, Pools
+
+if TYPE_CHECKING:
+    from aiohttp.client import ClientTimeout
+    from aiohttp.client_reqrep import ClientRequest
+    from aiohttp.tracing import Trace
+
+__all__ = ["ReloadingConnector"]
+
+log = logging.getLogger("tlsreload_plugins.client")
+
+_SSL_OPTIONS = ("ssl", "ssl_context", "verify_ssl", "fingerprint")
+_BASE_OPTIONS = ("keepalive_timeout", "force_close", "limit", "limit_per_host", "timeout_ceil_threshold")
+"""The options ``BaseConnector`` takes too: given to it as well, so that the connector's ``limit``,
+``limit_per_host`` and ``force_close`` say what each generation's ``TCPConnector`` does."""
+
+
+def _require_release_callbacks() -> None:
+    """The connector learns that a lent connection is given back through ``Connection.add_callback`` (public by
+    name, used by ``ClientSession`` itself, absent from aiohttp's reference documentation): refuse to start
+    without it rather than never close a replaced connector."""
+    if not callable(getattr(Connection, "add_callback", None)):
+        raise RuntimeError(
+            f"aiohttp {aiohttp.__version__}: aiohttp.connector.Connection.add_callback is gone; "
+            "tlsreload_plugins.client.aiohttp cannot tell when a replaced connector is idle"
+        )
+
+
+class ReloadingConnector(aiohttp.BaseConnector):
+    """An ``aiohttp.ClientSession`` connector presenting ``identity``'s newest client certificate and trusting its
+    newest CA bundle.
+
+    Each generation of the identity gets its own ``aiohttp.TCPConnector`` (made with ``ssl=`` its context):
+    connections made with an older context are never reused after a change, and a replaced connector is closed
+    once the connections it lent are released (idle ones at once), at the latest ``retire_after`` seconds after
+    the change, on the event loop the connector was made on (told from the checking thread with
+    ``call_soon_threadsafe``). Make it inside a running event loop, as ``TCPConnector``.
+
+    ``limit`` and ``limit_per_host`` hold per generation: while a replaced connector still has connections lent,
+    the new one may open its own ``limit`` as well. A request given its own ``ssl=`` presents what it was given.
+
+    Args:
+        identity: the client certificate, key and CA bundle, kept fresh.
+        retire_after: seconds after a change at which a replaced connector is closed even with connections lent
+            (``None``: only once they are released). A websocket or a streamed response still open then is cut.
+        **options: what ``aiohttp.TCPConnector`` takes besides ``ssl``, ``ssl_context``, ``verify_ssl`` and
+            ``fingerprint`` (``limit``, ``keepalive_timeout``, ``force_close``, ``resolver``...).
+
+    Raises:
+        TypeError: an SSL option is given (they come from the identity).
+        RuntimeError: this aiohttp lacks what the connector relies on (``Connection.add_callback``), or no event
+            loop is running.
+
+    Example::
+
+        identity = ClientIdentity("client.crt", "client.key", cafile="ca.crt")
+        async with aiohttp.ClientSession(connector=ReloadingConnector(identity)) as session:
+            async with session.get("https://service.internal/") as response:
+                print(await response.text())
+    """
+
+    def __init__(
+        self, identity: ClientIdentity, *, retire_after: float | None = DEFAULT_RETIRE_AFTER, **options: Any
+    ) -> None:
+        given = [name for name in _SSL_OPTIONS if name in options]
+        if given:
+            raise TypeError(f"{', '.join(given)}: the SSL settings come from the ClientIdentity: give them to it")
+        _require_release_callbacks()
+        super().__init__(**{name: options[name] for name in _BASE_OPTIONS if name in options})
+        self.identity = identity
+        self._options = options
+        self._pools: Pools[aiohttp.TCPConnector] = Pools(self._make, retire_after)
+        self._closing: set[asyncio.Task[None]] = set()
+        self._event_loop = asyncio.get_running_loop()
+        reference = weakref.ref(self)
+
+        def on_change(presented: Presented) -> None:
+            connector = reference()
+            if connector is not None:
+                connector._close_soon(connector._pools.renew(presented.generation))
+
+        def on_check(presented: Presented) -> None:
+            connector = reference()
+            if connector is not None and connector._pools.retired:
+                connector._close_soon(connector._pools.overdue())
+
+        self._unsubscribe = (identity.subscribe(on_change), identity.subscribe(on_check, every_check=True))
+
+    def _make(self, generation: int) -> aiohttp.TCPConnector:
+        return aiohttp.TCPConnector(ssl=self.identity.context, **self._options)
+
+    async def connect(self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout) -> Connection:
+        """A connection for ``req`` from the newest generation's connector (made now when the identity changed);
+        what ``ClientSession`` calls for each request."""
+        connector, to_close = self._pools.acquire(self.identity.generation)
+        self._close_on_loop(to_close)
+        try:
+            connection = await connector.connect(req, traces, timeout)
+        except BaseException:
+            self._close_on_loop(self._pools.release(connector))
+            raise
+        # Called when the connection is released or closed, before it goes back to its connector's pool: a
+        # connector found idle is closed in a task, after the connection is back.
+        connection.add_callback(lambda: self._close_on_loop(self._pools.release(connector)))
+        return connection
+
+    def _close_soon(self, connectors: list[aiohttp.TCPConnector]) -> None:
+        """From the checking thread: close ``connectors`` on the event loop."""
+        if not connectors:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed, and the connections with it
+            self._event_loop.call_soon_threadsafe(self._close_on_loop, connectors)
+
+    def _close_on_loop(self, connectors: list[aiohttp.TCPConnector]) -> None:
+        if not connectors:
+            return
+        task = self._event_loop.create_task(_close_all(connectors))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self, *, abort_ssl: bool = False) -> None:
+        """Close every generation's connector and their connections; the identity's subscriptions end."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        await super().close()
+        await _close_all(self._pools.close())
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    @property
+    def retired(self) -> int:
+        """Replaced connectors not closed yet (connections still lent from them)."""
+        return self._pools.retired
+
+
+async def _close_all(connectors: list[aiohttp.TCPConnector]) -> None:
+    for connector in connectors:
+        try:
+            await connector.close()
+        except Exception as e:  # one connector's failure to close must not keep the others open
+            log.warning("closing a replaced aiohttp connector failed: %s: %s", type(e).__name__, e)

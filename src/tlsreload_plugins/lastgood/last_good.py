@@ -265,7 +265,7 @@ def keep_newest_valid(
             names = [name for name in found if look is None or name in look]
             judged, valid = _keep_if_valid({name: found[name] for name in names}, password, seen)
             seen.update(judged)
-            store.write_many(valid)  # one write of the table for all of them
+            store.write_many(valid)  # one write for all of them
 
     def keep() -> None:
         while True:

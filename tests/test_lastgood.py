@@ -283,3 +283,15 @@ def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_p
         if worker.exitcode is None:
             worker.kill()
     assert worker.exitcode == 0
+
+
+def test_thousands_written_at_once_beside_one_kept_are_all_kept(ca: trustme.CA) -> None:
+    """A server's start: the configured identity is kept, then every SNI identity in one write."""
+    store = SharedStore()
+    pair = issue(ca)
+    store.write(snapshot_of(pair))
+    bundle = issue(ca).chain
+    many = {f"site{n}": (Snapshot(TLSFiles("c", "k", "ca"), b"c%d" % n, b"k%d" % n, bundle), None) for n in range(3000)}
+    assert store.write_many(many)
+    assert store.read("site2999") == (b"c2999", b"k2999", bundle)
+    assert store.read() == (pair.chain, pair.key, None)

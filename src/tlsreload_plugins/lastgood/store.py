@@ -408,16 +408,18 @@ class SharedStore:
         length: int = _HEADER.unpack_from(self._map, base)[1]
         if located.end != self._appended(region):
             return False  # a damaged record: rewriting the table leaves it behind
-        some = next(iter(located.entries), None)  # the identities share their client-CA bundle
+        logged = located.end - (base + _HEAD + length)
+        room = min(max(LOG_BYTES, length), self._region - _HEAD - length)
+        if logged + sum(len(parts[0]) + len(parts[1] or b"") for parts, _ in kept.values()) > room:
+            return False  # known before encoding anything (a client-CA bundle may be kept already)
+        some = next(iter(located.entries), "")  # the identities share their client-CA bundle
         record = encode_change(
             kept,
             refused,
             removed,
             len(located.starts),
-            lambda blob: located.find(self._map, blob, [*kept, *([some] if some is not None else [])]),
+            lambda name, blob: located.find(self._map, blob, (name, some)),
         )
-        logged = located.end - (base + _HEAD + length)
-        room = min(max(LOG_BYTES, length), self._region - _HEAD - length)
         if logged + _RECORD.size + len(record) > room:
             return False
         start = located.end + _RECORD.size

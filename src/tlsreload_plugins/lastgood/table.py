@@ -82,20 +82,20 @@ def encode_change(
     refusals: Mapping[str, Refusal],
     removed: Iterable[str],
     held: int,
-    existing: Callable[[bytes], int | None],
+    existing: Callable[[str, bytes], int | None],
 ) -> bytes:
     """A record of one change to a table of ``held`` contents: the names ``removed`` (their identities and
-    refusals), then the identities ``kept`` and the ``refusals`` set, by name. A content ``existing`` finds among
-    the table's (its index) is not written again (SNI identities share the client-CA bundle); the others are
-    numbered from ``held`` on. :meth:`Index.with_change` reads it."""
+    refusals), then the identities ``kept`` and the ``refusals`` set, by name. A content ``existing(name,
+    content)`` finds among the table's (its index) is not written again (SNI identities share the client-CA
+    bundle); the others are numbered from ``held`` on. :meth:`Index.with_change` reads it."""
     blobs: dict[bytes, int] = {}
 
-    def index_of(blob: bytes | None) -> int:
+    def index_of(name: str, blob: bytes | None) -> int:
         if blob is None:
             return -1
         found = blobs.get(blob)
         if found is None:
-            found = existing(blob)
+            found = existing(name, blob)
         if found is None:
             found = blobs[blob] = held + len(blobs)
         return found
@@ -103,7 +103,7 @@ def encode_change(
     entries: list[bytes] = []
     for name, (parts, leaf) in kept.items():
         label = name.encode()
-        indices = [index_of(blob) for blob in (*parts, _leaf_bytes(leaf))]
+        indices = [index_of(name, blob) for blob in (*parts, _leaf_bytes(leaf))]
         entries += [_COUNT.pack(len(label)), label, _ENTRY.pack(*indices)]
     gone = [name.encode() for name in removed]
     out = [_COUNT.pack(held), _COUNT.pack(len(gone))]

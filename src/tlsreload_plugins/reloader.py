@@ -148,7 +148,8 @@ class Reloader:
 
     ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a handshake
     needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the first
-    :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For identities
+    :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. A reload keeps the
+    context it built (its owner releases it in turn). For identities
     that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader does not keep its first
     identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
     ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again; with
@@ -398,8 +399,7 @@ class Reloader:
     ) -> None:
         """Make ``context`` the one new handshakes get. Established connections keep theirs."""
         old = self._leaf
-        if self._demand is None or self._serving[0] is not None:  # on demand and not built: left unbuilt
-            self._newest_for_connections(context, snapshot)
+        self._newest_for_connections(context, snapshot)  # on demand too: built already, off the event loop
         self._fingerprint = observed_fingerprint
         self._known_bad = None
         self._leaf = leaf

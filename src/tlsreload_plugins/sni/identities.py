@@ -307,7 +307,10 @@ class SNIIdentities:
             self._tracker.resolved(name)
         if outcome is Outcome.PENDING:
             self._again.add(name)
-        return outcome is Outcome.RELOADED and reloader.leaf.sans != self._routed.get(name)
+        if outcome is not Outcome.RELOADED:
+            return False
+        self._contexts.keep(reloader)  # the context the reload built, here rather than in a handshake
+        return reloader.leaf.sans != self._routed.get(name)
 
     def _walk(
         self, found: dict[str, TLSFiles], wanted: Set[str], settle: bool, offload: Offload[Examined] | None
@@ -331,7 +334,8 @@ class SNIIdentities:
             if is_alive(reloader.files):  # certbot relinking its files one at a time
                 self._missing.discard(name)
                 self._again.add(name)
-                reloader.check(settle=settle, offload=offload)
+                if reloader.check(settle=settle, offload=offload) is Outcome.RELOADED:
+                    self._contexts.keep(reloader)
             elif name not in self._missing:  # gone once: served until the next look confirms it
                 self._missing.add(name)
             else:

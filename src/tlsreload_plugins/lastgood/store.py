@@ -205,22 +205,25 @@ class SharedStore:
         return None
 
     def _caught_up(self, region: int, generation: int, located: Index) -> Index:
-        """``located`` with the change records committed to ``region`` since taken in (cached): each record
-        whose digest matches, up to the first that does not (a writer writes a record before committing it; a
-        damaged one is left out, with what follows, until the next write rewrites the table)."""
+        """``located`` with the change records committed to ``region`` since taken in, all at once (cached): each
+        record whose digest matches, up to the first that does not (a writer writes a record before committing
+        it; a damaged one is left out, with what follows, until the next write rewrites the table)."""
         end = min(self._appended(region), self._base(region) + self._region)
-        while located.end + _RECORD.size <= end:
-            size, digest = _RECORD.unpack_from(self._map, located.end)
-            start = located.end + _RECORD.size
-            if start + size > end:
-                break
-            with memoryview(self._map)[start : start + size] as record:
-                if hashlib.sha256(record).digest() != digest:
+        records: list[tuple[memoryview, int]] = []
+        at = located.end
+        with memoryview(self._map) as mapping:
+            while at + _RECORD.size <= end:
+                size, digest = _RECORD.unpack_from(self._map, at)
+                start = at + _RECORD.size
+                if start + size > end or hashlib.sha256(mapping[start : start + size]).digest() != digest:
                     break
-                try:
-                    located = located.with_change(record, start)
-                except ValueError:
-                    break
+                records.append((mapping[start : start + size], start))
+                at = start + size
+            if records:
+                with contextlib.suppress(ValueError):  # left out until the next write rewrites the table
+                    located = located.with_changes(records)
+            for record, _ in records:
+                record.release()
         if self._generation(region) == generation:
             self._cached = (region, generation, located)
         return located
@@ -426,7 +429,7 @@ class SharedStore:
         self._map[start : start + len(record)] = record
         _RECORD.pack_into(self._map, located.end, len(record), hashlib.sha256(record).digest())
         _LOG.pack_into(self._map, base + _HEADER.size, logged + _RECORD.size + len(record))  # committed
-        changed = located.with_change(memoryview(record), start)
+        changed = located.with_changes([(memoryview(record), start)])
         for kept_name, (_, leaf) in kept.items():  # decoded already
             if leaf is not None:
                 changed.leaves[changed.entries[kept_name][3]] = leaf

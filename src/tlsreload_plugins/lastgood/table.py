@@ -3,7 +3,7 @@ it (each distinct content once, then each identity's name and the indices of its
 kept: :data:`Refusal`), :func:`decode` reads it whole, and :class:`Index` locates each identity's contents in
 place, so a process serving thousands of identities copies out only the few it reads. A change to the table
 is written as a record after it (:func:`encode_change`: the names it removes, the contents it adds, the
-identities and refusals it sets), which :meth:`Index.with_change` takes in: a write costs what it changes, not
+identities and refusals it sets), which :meth:`Index.with_changes` takes in: a write costs what it changes, not
 what the table holds. No file, no lock: the mapping and its locking are :mod:`tlsreload_plugins.lastgood.store`'s.
 """
 
@@ -13,7 +13,7 @@ import json
 import mmap
 import struct
 from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -87,7 +87,7 @@ def encode_change(
     """A record of one change to a table of ``held`` contents: the names ``removed`` (their identities and
     refusals), then the identities ``kept`` and the ``refusals`` set, by name. A content ``existing(name,
     content)`` finds among the table's (its index) is not written again (SNI identities share the client-CA
-    bundle); the others are numbered from ``held`` on. :meth:`Index.with_change` reads it."""
+    bundle); the others are numbered from ``held`` on. :meth:`Index.with_changes` reads it."""
     blobs: dict[bytes, int] = {}
 
     def index_of(name: str, blob: bytes | None) -> int:
@@ -199,29 +199,31 @@ class Index:
         refusals = cursor.refusals() if cursor.at < len(payload) else {}
         return cls(starts, lengths, entries, refusals, end=start + len(payload))
 
-    def with_change(self, record: memoryview, start: int) -> Index:
-        """This index with the change ``record`` (an :func:`encode_change` record found at offset ``start`` of the
-        mapping, right after what this index covers) taken in: a new index; this one is left as it is, for the
-        threads reading it.
+    def with_changes(self, records: Sequence[tuple[memoryview, int]]) -> Index:
+        """This index with the change ``records`` taken in, in order (each an :func:`encode_change` record and
+        its offset in the mapping, the first right after what this index covers, each right after the one
+        before): a new index, copied once for all of them; this one is left as it is, for the threads reading it.
 
         Raises:
-            ValueError: ``record`` is not a change :func:`encode_change` wrote for this table.
+            ValueError: a record is not a change :func:`encode_change` wrote for this table.
         """
-        cursor = _Cursor(record, start)
-        if cursor.count() != len(self.starts):
-            raise ValueError("a change written for another table")
-        removed = [cursor.name() for _ in range(cursor.count())]
         starts, lengths = array("Q", self.starts), array("Q", self.lengths)
-        cursor.blobs(starts, lengths)
         entries, refusals = dict(self.entries), dict(self.refusals)
-        for name in removed:
-            entries.pop(name, None)
-            refusals.pop(name, None)
-        entries.update(cursor.entries(len(starts)))
-        refusals.update(cursor.refusals())
-        if cursor.at != len(record):
-            raise ValueError("a change longer than its contents")
-        return Index(starts, lengths, entries, refusals, self.leaves, end=start + len(record))
+        end = self.end
+        for record, start in records:
+            cursor = _Cursor(record, start)
+            if cursor.count() != len(starts):
+                raise ValueError("a change written for another table")
+            for name in [cursor.name() for _ in range(cursor.count())]:
+                entries.pop(name, None)
+                refusals.pop(name, None)
+            cursor.blobs(starts, lengths)
+            entries.update(cursor.entries(len(starts)))
+            refusals.update(cursor.refusals())
+            if cursor.at != len(record):
+                raise ValueError("a change longer than its contents")
+            end = start + len(record)
+        return Index(starts, lengths, entries, refusals, self.leaves, end=end)
 
     def find(self, mapping: mmap.mmap, blob: bytes, near: Iterable[str]) -> int | None:
         """The index of a content equal to ``blob`` among those of the identities ``near`` (compared in place,

@@ -264,6 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
     return {
+        "benchmark": "loop_lag",
         "args": {k: str(v) for k, v in vars(args).items()},
         "machine": kit.machine(),
         "rows": rows,

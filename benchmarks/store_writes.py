@@ -72,7 +72,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{row['write_median_ms']:.2f} ms",
         row["write_median_ms"] <= TARGETS["write_ms"],
     )
-    return {"args": vars(args), "machine": kit.machine(), "rows": [row], "targets": [target]}
+    return {
+        "benchmark": "store_writes",
+        "args": vars(args),
+        "machine": kit.machine(),
+        "rows": [row],
+        "targets": [target],
+    }
 
 
 def report(result: dict[str, Any]) -> str:

@@ -11,7 +11,9 @@ The served app (:mod:`loop_lag_app`) ticks every millisecond on the server's eve
 tick woke, less the time the loop's thread waited for a CPU (``/proc/thread-self/schedstat``): the **stall**.
 Reported per server, over the ``--seconds`` window (45) after start-up: the largest stall and its 99.9th
 percentile in any worker, the handshakes per second the clients completed, and the full garbage collections
-(generation 2) in the serving processes with the longest one.
+(generation 2) in the serving processes with the longest one; with ``--watch MS``, where the loop's thread was
+when a tick was that late, sampled by a thread of the app (its innermost frame, most frequent first): a
+diagnosis, off by default, since the sampling thread takes the GIL every millisecond.
 
     python benchmarks/loop_lag.py                      # 10,000 identities, 45 s per server
     python benchmarks/loop_lag.py --quick              # 1,000 identities, 10 s per server
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +148,7 @@ def measure(kind: str, args: argparse.Namespace, env: dict[str, str], rotations:
     out = work / f"out-{kind}"
     out.mkdir()
     port = kit.free_port()
-    server_env = {**env, "LOOP_LAG_OUT": str(out)}
+    server_env = {**env, "LOOP_LAG_OUT": str(out), "LOOP_LAG_WATCH": str(args.watch)}
     log_path = work / f"{kind}.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
@@ -200,7 +203,11 @@ def measure(kind: str, args: argparse.Namespace, env: dict[str, str], rotations:
     stalls: list[float] = []
     full: list[float] = []
     collections = 0
+    where: Counter[str] = Counter()  # the innermost frame of the loop's thread, sampled in stalls over --watch ms
     for record in records:
+        for at, stack in record["stacks"]:
+            if started_wall <= at <= ended_wall:
+                where[stack.strip().splitlines()[-2].strip()] += 1
         stalls += [s for at, s in zip(record["at"], record["stall"], strict=True) if started_wall <= at <= ended_wall]
         window = [c for c in record["collections"] if started_wall <= c[0] <= ended_wall]
         collections += len(window)
@@ -223,6 +230,7 @@ def measure(kind: str, args: argparse.Namespace, env: dict[str, str], rotations:
         "full_collections": len(full),
         "full_max_ms": max(full) * 1000 if full else 0.0,
         "steal": kit.steal_share(cpu_before, cpu_after),
+        "stalled_in": where.most_common(5),
     }
 
 
@@ -304,7 +312,12 @@ def report(result: dict[str, Any]) -> str:
         ]
         for r in result["rows"]
     ]
-    return kit.table(headers, rows)
+    lines = [kit.table(headers, rows)]
+    for r in result["rows"]:
+        if r["stalled_in"]:
+            lines.append(f"\n{r['server']}: where the loop's thread was in stalls (samples):")
+            lines += [f"  {count:5d}  {frame}" for frame, count in r["stalled_in"]]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +334,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="clients name (and rotations pick) only the first N identities (0: all): with N under the contexts "
         "kept, handshakes build no context and what is left is the cost of the checks",
+    )
+    parser.add_argument(
+        "--watch",
+        type=float,
+        default=0.0,
+        help="ms without a tick after which the served app samples where the loop's thread is (0: never, the "
+        "default: the sampling thread wakes every millisecond and takes the GIL, which the figures would carry)",
     )
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     parser.add_argument("--cache", default="/tmp/tlsreload-sni-scale", help="minted certificates, kept between runs")

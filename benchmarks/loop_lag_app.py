@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from array import array
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,6 +35,8 @@ class Record:
         self.stall = array("d")  # seconds the tick woke late, less the run-queue wait meanwhile
         self.collections: list[tuple[float, int, float]] = []  # wall clock, generation, seconds
         self.thread = ""
+        self.stacks: list[tuple[float, str]] = []  # with $LOOP_LAG_WATCH: where the loop's thread was, in a stall
+        self._last = time.perf_counter()
         self._gc_started = 0.0
         gc.callbacks.append(self._on_gc)
 
@@ -43,8 +46,25 @@ class Record:
         else:
             self.collections.append((time.time(), int(info["generation"]), time.perf_counter() - self._gc_started))
 
+    def watch(self, loop_thread: int, threshold: float) -> None:
+        """Every millisecond, when the loop has not ticked for ``threshold`` seconds, keep where its thread is
+        (once per stall): what a stall is spent on."""
+        seen = 0.0
+        while True:
+            time.sleep(0.001)
+            last = self._last
+            if time.perf_counter() - last > threshold and last != seen:
+                seen = last
+                frame = sys._current_frames().get(loop_thread)
+                if frame is not None:
+                    self.stacks.append((time.time(), "".join(traceback.format_stack(frame)[-8:])))
+
     async def tick(self) -> None:
         self.thread = threading.current_thread().name
+        threshold = float(os.environ.get("LOOP_LAG_WATCH", "0")) / 1000
+        if threshold > 0:
+            args = (threading.get_ident(), threshold)
+            threading.Thread(target=self.watch, args=args, daemon=True, name="loop-lag-watch").start()
         try:
             fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         except OSError:
@@ -58,6 +78,7 @@ class Record:
             self.at.append(time.time())
             self.stall.append(max(0.0, (now - last - TICK) - (now_waited - waited)))
             last, waited = now, now_waited
+            self._last = now
 
     def dump(self) -> None:
         out = os.environ.get("LOOP_LAG_OUT")
@@ -68,6 +89,7 @@ class Record:
             "at": list(self.at),
             "stall": list(self.stall),
             "collections": self.collections,
+            "stacks": self.stacks,
             "tlsreload": "tlsreload_plugins" in sys.modules,
         }
         with open(os.path.join(out, f"{os.getpid()}.json"), "w") as f:

@@ -25,9 +25,10 @@ from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
 from tlsreload_plugins.files import Snapshot
 from tlsreload_plugins.identity import validate
+from tlsreload_plugins.lastgood import store as store_module
 from tlsreload_plugins.lastgood.last_good import LastGood, keep_newest_valid
 from tlsreload_plugins.lastgood.memory_files import in_memory_files
-from tlsreload_plugins.lastgood.store import _HEADER, SharedStore
+from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.lastgood.table import decode, encode
 from tlstest import KubeletLayout, Pair, client_context, issue, served_serial, wait_for_child, wait_until
 
@@ -63,7 +64,14 @@ def newest_region(store: SharedStore) -> int:
     return max((0, 1), key=store._generation)
 
 
-def test_a_torn_region_falls_back_to_the_other(ca: trustme.CA) -> None:
+def written(store: SharedStore) -> int:
+    """The bytes the newest region holds: its table and the change records appended to it."""
+    region = newest_region(store)
+    return store._appended(region) - store._base(region)
+
+
+def test_a_torn_region_falls_back_to_the_other(ca: trustme.CA, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "LOG_BYTES", 0)  # every change rewrites the table, into the other region
     store = SharedStore()
     first, second = issue(ca), issue(ca)
     store.write(snapshot_of(first))
@@ -73,6 +81,27 @@ def test_a_torn_region_falls_back_to_the_other(ca: trustme.CA) -> None:
     fresh = SharedStore.__new__(SharedStore)  # another process's view: nothing cached
     vars(fresh).update(vars(store), _cached=(-1, 0, {}))
     assert fresh.read() == (first.chain, first.key, None, None)
+
+
+def test_a_change_is_a_record_after_the_table_and_a_damaged_one_is_left_out(ca: trustme.CA) -> None:
+    store = SharedStore()
+    first, second, third = issue(ca), issue(ca), issue(ca, "shop.test")
+    store.write(snapshot_of(first))
+    region, table = newest_region(store), written(store)
+    store.write(snapshot_of(second))
+    assert newest_region(store) == region and written(store) > table  # appended: the table stays
+    assert written(store) - table < len(second.chain) + len(second.key) + 1024  # what changed, not the table again
+    # A record damaged after it was committed: readers take the table without it.
+    store._map[store._base(newest_region(store)) + written(store) - 1] ^= 0xFF
+    fresh = SharedStore.__new__(SharedStore)  # another process's view: nothing cached
+    vars(fresh).update(vars(store), _cached=(-1, 0, {}))
+    assert fresh.read() == (first.chain, first.key, None)
+    # The next write rewrites the table whole, leaving the damaged record behind.
+    fresh.write(snapshot_of(third), "shop")
+    again = SharedStore.__new__(SharedStore)
+    vars(again).update(vars(store), _cached=(-1, 0, {}))
+    assert again.read() == (first.chain, first.key, None)
+    assert again.read("shop") == (third.chain, third.key, None)
 
 
 def test_writers_in_several_processes_at_once_lose_nothing(ca: trustme.CA) -> None:
@@ -102,14 +131,14 @@ def test_identities_sharing_a_ca_bundle_keep_it_once_and_can_be_forgotten(ca: tr
     sites = {f"site{n}": issue(ca, f"site{n}.test") for n in range(20)}
     for name, pair in sites.items():
         store.write(Snapshot(TLSFiles("tls.crt", "tls.key", "ca.pem"), pair.chain, pair.key, bundle), name)
-    generation, length, _ = _HEADER.unpack_from(store._map, store._base(newest_region(store)))
-    assert length < len(bundle) + sum(len(p.chain) + len(p.key) for p in sites.values()) + 4096
+    assert written(store) < len(bundle) + sum(len(p.chain) + len(p.key) for p in sites.values()) + 4096
     assert store.read("site7") == (sites["site7"].chain, sites["site7"].key, bundle, None)
     store.forget("site7")
     assert store.read("site7") is None
     assert store.read("site8") == (sites["site8"].chain, sites["site8"].key, bundle, None)
+    forgotten = written(store)
     store.forget("site7")  # forgetting twice changes nothing
-    assert _HEADER.unpack_from(store._map, store._base(newest_region(store)))[0] == generation + 1
+    assert written(store) == forgotten
 
 
 def test_a_full_store_keeps_what_it_had_and_says_so_once(ca: trustme.CA, caplog: pytest.LogCaptureFixture) -> None:
@@ -255,3 +284,15 @@ def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_p
         if worker.exitcode is None:
             worker.kill()
     assert worker.exitcode == 0
+
+
+def test_thousands_written_at_once_beside_one_kept_are_all_kept(ca: trustme.CA) -> None:
+    """A server's start: the configured identity is kept, then every SNI identity in one write."""
+    store = SharedStore()
+    pair = issue(ca)
+    store.write(snapshot_of(pair))
+    bundle = issue(ca).chain
+    many = {f"site{n}": (Snapshot(TLSFiles("c", "k", "ca"), b"c%d" % n, b"k%d" % n, bundle), None) for n in range(3000)}
+    assert store.write_many(many)
+    assert store.read("site2999") == (b"c2999", b"k2999", bundle)
+    assert store.read() == (pair.chain, pair.key, None)

@@ -93,6 +93,26 @@ def test_contexts_kept_stay_bounded_and_evicted_ones_are_built_again(tmp_path: P
     assert CONTEXTS == 1000
 
 
+def test_a_renewal_keeps_the_context_its_check_built_among_those_kept(tmp_path: Path, ca: trustme.CA) -> None:
+    """A renewed identity's context is built by its check, off the event loop, and kept as if just asked for: the
+    next handshake naming it builds nothing. The contexts kept stay bounded however many identities renew."""
+    many = many_identities(tmp_path, ca, 12)
+    with sni_server(tmp_path, ca, str(many.sni)) as s:
+        s.identities._contexts.capacity = 4
+        reloaders = s.identities.reloaders()
+        assert not any(reloader.built for reloader in reloaders.values())
+        renewed = sorted(many.names)[:6]
+        for identity in renewed:
+            many.pairs[identity] = issue(ca, many.names[identity])
+            many.layouts[identity].install(many.pairs[identity])
+        wait_until(
+            lambda: all(reloaders[i].leaf.serial == many.pairs[i].serial for i in renewed), DEADLINE, what="renewals"
+        )
+        assert s.identities.summary().built == 4  # the capacity: the ones renewed last
+        assert sum(reloader.built for reloader in reloaders.values()) == 4
+        every_name_gets_its_own_leaf(s.port, ca, many, renewed)
+
+
 def test_handshakes_racing_for_one_name_not_built_yet_all_get_its_leaf(tmp_path: Path, ca: trustme.CA) -> None:
     many = many_identities(tmp_path, ca, 20)
     identity = "site0007"

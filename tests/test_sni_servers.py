@@ -6,7 +6,10 @@ in an own configuration, or ``$TLSRELOAD_SNI``; uvicorn and hypercorn through ``
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 import trustme
 
 from test_sni import NameHammer, install, sni_serial, trusting, verifying
-from tlstest import HOST, KubeletLayout, Pair, free_port, issue, run_server, wait_until
+from tlstest import HOST, KubeletLayout, Pair, free_port, issue, run_server, serial_of, wait_until
 
 TESTS = Path(__file__).parent
 INTERVAL = "0.3"
@@ -55,7 +58,9 @@ def command(server: str, port: int, sites: Sites, tmp_path: Path) -> tuple[list[
     """The command line, environment and working directory that start ``server`` with ``sites``."""
     default = sites.layouts["default"]
     cert, key, sni = str(default.cert_path), str(default.key_path), str(sites.sni)
-    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    # PYTHONPATH from the environment is kept, so the test can run against another copy of the package.
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env["TLSRELOAD_INTERVAL"] = INTERVAL
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     if server in GUNICORN:
@@ -161,6 +166,69 @@ def test_a_missing_sni_directory_stops_the_start_with_one_line(tmp_path: Path, c
         assert running.proc.returncode != 0, out
         assert f"SNI directory {nowhere} does not exist" in out, out
         assert "Traceback" not in out, out
+
+
+def pid_and_serial(port: int, ctx: ssl.SSLContext, name: str) -> tuple[int, str]:
+    """Which worker answered a new connection sending server name ``name``, and the serial of the leaf it got."""
+    with (
+        socket.create_connection((HOST, port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname=name) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+        tls.sendall(f"GET / HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := tls.recv(4096):
+            data += chunk
+    assert der is not None
+    return int(data.split(b"pid=", 1)[1].split()[0]), serial_of(der)
+
+
+def answers(port: int, ctx: ssl.SSLContext, name: str, pids: set[int], tries: int = 200) -> dict[int, str]:
+    """The serial each of the workers ``pids`` serves to ``name`` (new connections until each has answered)."""
+    seen: dict[int, str] = {}
+    for _ in range(tries):
+        pid, serial = pid_and_serial(port, ctx, name)
+        seen[pid] = serial
+        if pids <= seen.keys():
+            break
+    return seen
+
+
+def test_a_worker_behind_the_shared_store_answers_from_it_without_judging_the_files(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    """A worker whose sibling moved the shared store past the bytes it validated, asked for that identity while
+    the files hold content nobody judged yet: the handshake gets the newest bytes a process of the server
+    validated, from the store, and the check stays off the loop (no check runs in a ClientHello callback; the
+    interval is long enough that no check thread runs during the test)."""
+    sites = make_sites(tmp_path, ca)
+    port = free_port()
+    args, env, cwd = command("tlsreload-uvicorn", port, sites, tmp_path)
+    args[args.index("--tls-reload-interval") + 1] = "3600"
+    with run_server(args, tmp_path / "server.log", port, env=env, cwd=cwd) as running:
+        ctx = verifying(ca)
+        wait_served(port, ctx, "b.test", sites.b.serial, "the server up")
+        seen: set[int] = set()
+        wait_until(lambda: len(seen.update(answers(port, ctx, "b.test", set(), 20)) or seen) == 2, DEADLINE)
+        first = set(seen)
+        # a.test rotates; one worker is replaced: the new one validates a.test's new content at its start and
+        # writes it to the store the workers share. The other has never been asked for a.test.
+        a2 = install(sites.layouts["a"], issue(ca, "a.test"))
+        stale, replaced = sorted(first)
+        os.kill(replaced, signal.SIGKILL)
+        seen.discard(replaced)
+        wait_until(lambda: len(seen.update(answers(port, ctx, "b.test", set(), 20)) or seen) == 2, DEADLINE)
+        pids = set(seen)
+        assert stale in pids, pids
+        # a.test rotates again: content no process has judged.
+        install(sites.layouts["a"], issue(ca, "a.test"))
+        served = answers(port, ctx, "a.test", pids)
+        assert served.keys() == pids, served
+        assert set(served.values()) == {a2.serial}, (served, running.output())
+        code = running.stop()
+        out = running.output()
+    assert code in (0, -15), out
+    assert "Traceback" not in out, out
 
 
 def _fresh(tmp_path: Path, name: str) -> Path:

@@ -26,6 +26,12 @@ class InvalidIdentity(ReloadError):
         self.path = path
 
 
+class NotAtHand(InvalidIdentity):
+    """An on-demand context cannot be built inside this handshake: the bytes validated for it are not in memory
+    (another process of the server moved the shared store on to bytes it kept no verdict with). Not a refusal:
+    the identity's next check, off the event loop, catches up."""
+
+
 class NotServable(ReloadError):
     """The files are usable but the server cannot be moved onto them (the swap hook was replaced, a
     recipe handed back a context already in use): a bug or a conflict in the server's set-up."""

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
+from tlsreload_plugins.errors import InvalidIdentity, NotAtHand, NotServable, ReloadError
 from tlsreload_plugins.examine import (
     Examined,
     Recipe,
@@ -40,7 +40,7 @@ from tlsreload_plugins.examine import (
 )
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
 from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_served
+from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_to_build
 from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
 from tlsreload_plugins.outcome import (
     CRLWarning,
@@ -164,7 +164,8 @@ class Reloader:
 
     ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a handshake
     needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the first
-    :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. For identities
+    :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. A reload keeps the
+    context it built (its owner releases it in turn). For identities
     that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader does not keep its first
     identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
     ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again; with
@@ -420,8 +421,7 @@ class Reloader:
     ) -> None:
         """Make ``context`` the one new handshakes get. Established connections keep theirs."""
         old = self._leaf
-        if self._demand is None or self._serving[0] is not None:  # on demand and not built: left unbuilt
-            self._newest_for_connections(context, snapshot)
+        self._newest_for_connections(context, snapshot)  # on demand too: built already, off the event loop
         self._fingerprint = observed_fingerprint
         self._known_bad = None
         self._leaf = leaf
@@ -574,10 +574,12 @@ class Reloader:
     def newest_context(self) -> ssl.SSLContext:
         """The context new handshakes are moved onto (:attr:`context` until the first reload): what a
         dispatcher of its own hands a connection, as Go's ``GetCertificate`` would. An ``on_demand``
-        reloader builds it now when it has none (a concurrent caller waits for that build).
+        reloader builds it now when it has none (a concurrent caller waits for that build), from validated bytes in
+        memory only: it never reads the files nor validates (it runs inside ClientHello callbacks).
 
         Raises:
-            InvalidIdentity: ``on_demand`` only: the context cannot be built from the validated bytes.
+            InvalidIdentity: ``on_demand`` only: the context cannot be built from the validated bytes;
+                :class:`~tlsreload_plugins.errors.NotAtHand` when none are in memory (the next check catches up).
         """
         newest = self._serving[0]
         return newest if newest is not None else self._build_on_demand()
@@ -590,18 +592,15 @@ class Reloader:
             newest = self._serving[0]
             if newest is not None:
                 return newest
-            validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
-            if validated is None:  # the files moved on, and the store with them: judge them now
-                self.check(settle=False)
-                newest = self._serving[0]
-                if newest is not None:
-                    return newest
-                validated = demand.validated or bytes_served(self.files, self._fingerprint, self._last_good)
+            # Never a check here: this runs inside a ClientHello callback, on the server's event loop.
+            validated = demand.validated or bytes_to_build(self.files, self._fingerprint, self._last_good)
             if validated is None:
-                raise InvalidIdentity(f"the files of {self.files.describe()} changed since they were validated")
+                raise NotAtHand(f"the validated bytes of {self.files.describe()} are not at hand until its next check")
             context = context_from(validated, demand.recipe_for)
             with self._lock:
-                if self._fingerprint == fingerprint(validated):  # else a reload came in meanwhile: build again
+                # Kept when built from the bytes this reloader serves; built from newer ones another process
+                # validated, or with a reload meanwhile, it serves this handshake only: the check catches up.
+                if self._fingerprint == fingerprint(validated):
                     self._serving = (context, context.sni_callback)
             return context
 

@@ -57,21 +57,22 @@ from tlsreload_plugins.validation.child import Unjudged
 log = logging.getLogger("tlsreload_plugins.lastgood")
 
 
-def bytes_served(files: TLSFiles, served: str, last_good: LastGood | None) -> Snapshot | None:
-    """The bytes whose fingerprint is ``served``, from ``last_good``'s store when it keeps them, else from
-    ``files`` when they still hold them; ``None`` when neither does (the files moved on since). What an
-    on-demand reloader that keeps no copy of its own builds its context from."""
-    if last_good is not None:
-        parts = last_good.store.read(last_good.name)
-        if parts is not None:
-            kept = Snapshot(files, *parts)
-            if fingerprint(kept) == served:
-                return kept
-    try:
-        snapshot = read_files(files)
-    except InvalidIdentity:
+def bytes_to_build(files: TLSFiles, served: str, last_good: LastGood | None) -> Snapshot | None:
+    """What an on-demand reloader that keeps no copy of the bytes it serves builds its context from, taken from
+    ``last_good``'s store alone: it runs inside a ClientHello callback, so no file is read and nothing validated.
+    The bytes whose fingerprint is ``served``; else, when the store moved past them (another process of the
+    server validated newer ones, which this one's check has yet to take), those newer bytes, valid by the verdict
+    kept beside them; else ``None``."""
+    if last_good is None:
         return None
-    return snapshot if fingerprint(snapshot) == served else None
+    parts = last_good.store.read(last_good.name)
+    if parts is None:
+        return None
+    kept = Snapshot(files, *parts)
+    if fingerprint(kept) == served:
+        return kept
+    judged = last_good.store.verdict(last_good.name)
+    return Snapshot(files, *judged[0]) if judged is not None and judged[0] == parts else None
 
 
 class NotJudged(InvalidIdentity):
@@ -269,7 +270,7 @@ def keep_newest_valid(
             names = [name for name in found if look is None or name in look]
             judged, valid, refused = _keep_if_valid({name: found[name] for name in names}, password, seen)
             seen.update(judged)
-            store.write_many(valid)  # one write of the table for all of them
+            store.write_many(valid)  # one write for all of them
             store.refuse_many(refused)  # before the pass ends: a worker that asked takes it, not cryptography
 
     def keep() -> None:

@@ -3,7 +3,8 @@ found, in memory every process of the server shares (:class:`SharedStore`).
 
 Two regions written alternately, each a table of identities by name (:mod:`tlsreload_plugins.lastgood.table`),
 with the refusal validation found for the newest content of each name it refused (so that a process reading
-those bytes takes it rather than judging them again); writers take turns under a POSIX record lock. A spawn
+those bytes takes it rather than judging them again), followed by the changes made since it was written, each
+a record appended to it; writers take turns under a POSIX record lock. A spawn
 server's parent is the store's keeper (:class:`Keeper`), which its workers ask to look at new content. On Linux
 the mapping is a memfd, passed to spawned workers as a file descriptor when the store is pickled for them
 (:mod:`tlsreload_plugins.lastgood.spawned`); elsewhere they get a copy. What is kept, and how a context is built
@@ -23,7 +24,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -31,7 +32,7 @@ from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Snapshot
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.spawned import Descriptor, for_process_being_started
-from tlsreload_plugins.lastgood.table import Index, Kept, Parts, Refusal, decode, encode
+from tlsreload_plugins.lastgood.table import Index, Kept, Parts, Refusal, decode, encode, encode_change
 
 # The store's log lines keep the logger they were always written under.
 log = logging.getLogger("tlsreload_plugins.lastgood")
@@ -44,6 +45,14 @@ their own names (their directories' names), which are never empty."""
 
 _PASSES = struct.Struct("<QQ")  # the keeper's passes: how many it began, the number of the last one it completed
 _HEADER = struct.Struct("<QQ32s")  # generation, payload length, sha256 of the payload
+_LOG = struct.Struct("<Q")  # after the header: the bytes of change records appended after the payload
+_HEAD = _HEADER.size + _LOG.size
+_RECORD = struct.Struct("<I32s")  # each change record: its length and sha256, then the record
+
+LOG_BYTES = 4 * 1024 * 1024
+"""Change records a region takes after its table before the next change rewrites the table whole (into the other
+region): at least this many bytes, or as many as the table takes. A write costs what it changes; the table is
+rewritten once per about as many bytes of changes as it holds."""
 
 REGION_BYTES = 256 * 1024 * 1024
 """Room for the table of kept identities in a :class:`SharedStore` (two such regions are mapped): the
@@ -84,7 +93,10 @@ class SharedStore:
 
     It holds one table of identities, by name, in one of two regions written alternately, each with a
     generation number and a digest of its payload: a writer killed halfway leaves a region whose
-    digest does not match, and readers take the other one (they validate what they read anyway).
+    digest does not match, and readers take the other one (they validate what they read anyway). A change
+    is a record appended after the newest region's table, with its own digest, committed by one store of
+    its length once written: a write costs what it changes, and each process takes in only the records it
+    has not read. The table is rewritten whole, into the other region, once the records outgrow it.
     Writers take turns through a POSIX record lock, which the kernel releases when its holder dies,
     and never wait on it: they try again every millisecond, so a gevent hub is never blocked, and
     give up after :data:`LOCK_WAIT` seconds.
@@ -96,7 +108,7 @@ class SharedStore:
     """
 
     def __init__(self, region_bytes: int = REGION_BYTES) -> None:
-        self._region = _HEADER.size + region_bytes
+        self._region = _HEAD + region_bytes
         size = _PASSES.size + 2 * self._region
         self._fd: int | None = None
         if hasattr(os, "memfd_create"):
@@ -125,14 +137,14 @@ class SharedStore:
         cannot be passed, a copy of the table as it is now (:meth:`_copied`)."""
         passed = for_process_being_started(self._fd, self._asks) if self._fd is not None else None
         if passed is not None:
-            return type(self)._attached, (*passed, self._region - _HEADER.size)
-        return type(self)._copied, (encode(self._table()), self._region - _HEADER.size)
+            return type(self)._attached, (*passed, self._region - _HEAD)
+        return type(self)._copied, (encode(self._table()), self._region - _HEAD)
 
     @classmethod
     def _attached(cls, mapping: Descriptor, asks: Descriptor | None, region_bytes: int) -> SharedStore:
         """The store a spawned process shares with its parent, from the descriptors passed."""
         store = cls.__new__(cls)
-        store._region = _HEADER.size + region_bytes
+        store._region = _HEAD + region_bytes
         store._fd = store._lock_fd = mapping.detach()
         store._map = mmap.mmap(store._fd, _PASSES.size + 2 * store._region, flags=mmap.MAP_SHARED)
         store._asks = asks.detach() if asks is not None else None
@@ -146,7 +158,7 @@ class SharedStore:
         store = cls(region_bytes)
         table = decode(payload)
         if table:
-            store._change(DEFAULT, lambda kept, refused: kept.update(table))
+            store._change(DEFAULT, kept=table)
         return store
 
     # -- the table ------------------------------------------------------------------------------
@@ -158,20 +170,29 @@ class SharedStore:
         generation: int = _HEADER.unpack_from(self._map, self._base(index))[0]
         return generation
 
+    def _appended(self, index: int) -> int:
+        """Where the change records committed to region ``index`` end, in the mapping."""
+        base = self._base(index)
+        length: int = _HEADER.unpack_from(self._map, base)[1]
+        logged: int = _LOG.unpack_from(self._map, base + _HEADER.size)[0]
+        return base + _HEAD + length + logged
+
     def _current(self) -> tuple[int, int, Index] | None:
-        """The newest intact region: its number, generation and index (``None`` when neither is intact)."""
+        """The newest intact region: its number, generation and index, the change records committed to it taken
+        in (``None`` when neither is intact)."""
         region, known, table = self._cached
         if isinstance(table, Index) and self._generation(region) == known > self._generation(1 - region):
-            return region, known, table  # still the newest, and not being rewritten (that zeroes its generation)
+            # Still the newest, and not being rewritten (that zeroes its generation): at most records to take in.
+            return region, known, self._caught_up(region, known, table)
         for index in sorted((0, 1), key=self._generation, reverse=True):
             base = self._base(index)
             generation, length, digest = _HEADER.unpack_from(self._map, base)
-            if generation == 0 or length > self._region - _HEADER.size:
+            if generation == 0 or length > self._region - _HEAD:
                 continue
             region, known, table = self._cached
             if (region, known) == (index, generation) and isinstance(table, Index):
-                return index, generation, table  # a region is rewritten only under a new generation
-            start = base + _HEADER.size
+                return index, generation, self._caught_up(index, generation, table)
+            start = base + _HEAD
             with memoryview(self._map)[start : start + length] as payload:
                 intact = hashlib.sha256(payload).digest() == digest and self._generation(index) == generation
                 try:
@@ -180,9 +201,32 @@ class SharedStore:
                     located = None
             if located is None:
                 continue  # torn, being rewritten as it was read, or not a table this version wrote
-            self._cached = (index, generation, located)
-            return index, generation, located
+            return index, generation, self._caught_up(index, generation, located)
         return None
+
+    def _caught_up(self, region: int, generation: int, located: Index) -> Index:
+        """``located`` with the change records committed to ``region`` since taken in, all at once (cached): each
+        record whose digest matches, up to the first that does not (a writer writes a record before committing
+        it; a damaged one is left out, with what follows, until the next write rewrites the table)."""
+        end = min(self._appended(region), self._base(region) + self._region)
+        records: list[tuple[memoryview, int]] = []
+        at = located.end
+        with memoryview(self._map) as mapping:
+            while at + _RECORD.size <= end:
+                size, digest = _RECORD.unpack_from(self._map, at)
+                start = at + _RECORD.size
+                if start + size > end or hashlib.sha256(mapping[start : start + size]).digest() != digest:
+                    break
+                records.append((mapping[start : start + size], start))
+                at = start + size
+            if records:
+                with contextlib.suppress(ValueError):  # left out until the next write rewrites the table
+                    located = located.with_changes(records)
+            for record, _ in records:
+                record.release()
+        if self._generation(region) == generation:
+            self._cached = (region, generation, located)
+        return located
 
     def _kept(self, name: str) -> Kept | None:
         """What is kept for ``name``: its contents copied out of the shared memory, not the whole table."""
@@ -262,7 +306,7 @@ class SharedStore:
         }
         if changes:
             what = f"the refusal of {_named(next(iter(changes)))}" if len(changes) == 1 else f"{len(changes)} refusals"
-            self._change(next(iter(changes)), lambda table, refused: refused.update(changes), what)
+            self._change(next(iter(changes)), what, refused=changes)
 
     def write(self, snapshot: Snapshot, name: str = DEFAULT, leaf: Leaf | None = None) -> None:
         """Keep ``snapshot`` (already validated and being served) as identity ``name``, with the
@@ -271,8 +315,8 @@ class SharedStore:
 
     def write_many(self, identities: Mapping[str, tuple[Snapshot, Leaf | None]]) -> bool:
         """Keep each identity of ``identities`` (name: its snapshot and leaf) as :meth:`write` would, in one
-        write of the table: what a server's process finding thousands of identities at once does (a write
-        rewrites the whole table). Whether the store keeps them all now. Never raises."""
+        write: what a server's process finding thousands of identities at once does. Whether the store keeps
+        them all now. Never raises."""
         wanted = {name: (s.parts, leaf) for name, (s, leaf) in identities.items()}
 
         def changed(located: Index) -> dict[str, Kept]:  # in one look at the table, compared in place
@@ -286,54 +330,110 @@ class SharedStore:
         found = self._located(changed)
         changes: dict[str, Kept] = dict(wanted) if found is None else found
         if len(changes) == 1:
-            name, (parts, leaf) = next(iter(changes.items()))
-            return self._change(name, lambda table, refused: table.__setitem__(name, (parts, leaf)))
+            return self._change(next(iter(changes)), kept=changes)
         if changes:
             what = f"the last good certificates of {len(changes)} identities"
-            return self._change(next(iter(changes)), lambda table, refused: table.update(changes), what)
+            return self._change(next(iter(changes)), what, kept=changes)
         return True
 
     def forget(self, name: str) -> None:
         """Keep nothing for ``name`` any more (an SNI identity removed from its directory)."""
         current = self._current()
         if self.read(name) is not None or (current is not None and name in current[2].refusals):
-            self._change(name, lambda table, refused: (table.pop(name, None), refused.pop(name, None)))
+            self._change(name, removed=(name,))
 
     def _change(
-        self, name: str, change: Callable[[dict[str, Kept], dict[str, Refusal]], object], what: str | None = None
+        self,
+        name: str,
+        what: str | None = None,
+        *,
+        kept: Mapping[str, Kept] | None = None,
+        refused: Mapping[str, Refusal] | None = None,
+        removed: Collection[str] = (),
     ) -> bool:
-        """Apply ``change`` to the table and the refusals kept, and write them (one write); whether it did."""
+        """Remove the names ``removed``, then keep the identities ``kept`` and the refusals ``refused``, by name,
+        in one write; whether it did. The change is a record appended to the newest region (its cost is the
+        change's); once the region's records outgrow :data:`LOG_BYTES` or its table, the table is rewritten whole
+        into the other region."""
         what = what or f"the last good certificate of {_named(name)}"
+        kept, refused = kept or {}, refused or {}
         with self._exclusive() as locked:
             if not locked:
                 log.warning("%s is not kept: another process held the store", what)
                 return False
+            current = self._current()
+            if current is not None and self._append(current, kept, refused, removed):
+                return True
             table, refusals = self._contents()
-            change(table, refusals)
+            for gone in removed:
+                table.pop(gone, None)
+                refusals.pop(gone, None)
+            table.update(kept)
+            refusals.update(refused)
             payload = encode(table, refusals)
-            if len(payload) > self._region - _HEADER.size:
+            if len(payload) > self._region - _HEAD:
                 if name not in self._full_logged:
                     self._full_logged.add(name)
                     log.warning(
                         "%s is not kept: the identities kept would take %d bytes, more than the %d kept in memory",
                         what,
                         len(payload),
-                        self._region - _HEADER.size,
+                        self._region - _HEAD,
                     )
                 return False
             generations = [self._generation(i) for i in (0, 1)]
             index = 0 if generations[0] <= generations[1] else 1  # overwrite the older region
             base = self._base(index)
             _HEADER.pack_into(self._map, base, 0, len(payload), b"")  # invalid while being written
-            self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
+            _LOG.pack_into(self._map, base + _HEADER.size, 0)
+            self._map[base + _HEAD : base + _HEAD + len(payload)] = payload
             generation = max(generations) + 1
             _HEADER.pack_into(self._map, base, generation, len(payload), hashlib.sha256(payload).digest())
-            start = base + _HEADER.size
+            start = base + _HEAD
             located = Index.of(memoryview(payload), start)  # no need to hash it again
             for kept_name, (_, leaf) in table.items():  # decoded already: processes forked from here take them too
                 if leaf is not None:
                     located.leaves[located.entries[kept_name][3]] = leaf
             self._cached = (index, generation, located)
+        return True
+
+    def _append(
+        self,
+        current: tuple[int, int, Index],
+        kept: Mapping[str, Kept],
+        refused: Mapping[str, Refusal],
+        removed: Collection[str],
+    ) -> bool:
+        """Append the change as a record to the newest region ``current``, under the write lock; ``False`` when it
+        is for a table rewrite instead (the records would outgrow their room, or one could not be read)."""
+        region, generation, located = current
+        base = self._base(region)
+        length: int = _HEADER.unpack_from(self._map, base)[1]
+        if located.end != self._appended(region):
+            return False  # a damaged record: rewriting the table leaves it behind
+        logged = located.end - (base + _HEAD + length)
+        room = min(max(LOG_BYTES, length), self._region - _HEAD - length)
+        if logged + sum(len(parts[0]) + len(parts[1] or b"") for parts, _ in kept.values()) > room:
+            return False  # known before encoding anything (a client-CA bundle may be kept already)
+        some = next(iter(located.entries), "")  # the identities share their client-CA bundle
+        record = encode_change(
+            kept,
+            refused,
+            removed,
+            len(located.starts),
+            lambda name, blob: located.find(self._map, blob, (name, some)),
+        )
+        if logged + _RECORD.size + len(record) > room:
+            return False
+        start = located.end + _RECORD.size
+        self._map[start : start + len(record)] = record
+        _RECORD.pack_into(self._map, located.end, len(record), hashlib.sha256(record).digest())
+        _LOG.pack_into(self._map, base + _HEADER.size, logged + _RECORD.size + len(record))  # committed
+        changed = located.with_changes([(memoryview(record), start)])
+        for kept_name, (_, leaf) in kept.items():  # decoded already
+            if leaf is not None:
+                changed.leaves[changed.entries[kept_name][3]] = leaf
+        self._cached = (region, generation, changed)
         return True
 
     @contextlib.contextmanager

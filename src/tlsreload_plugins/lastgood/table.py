@@ -1,8 +1,10 @@
 """The table a :class:`~tlsreload_plugins.lastgood.store.SharedStore` region holds, as bytes: :func:`encode` writes
 it (each distinct content once, then each identity's name and the indices of its contents, then the refusals
 kept: :data:`Refusal`), :func:`decode` reads it whole, and :class:`Index` locates each identity's contents in
-place, so a process serving thousands of identities copies out only the few it reads. No file, no lock: the
-mapping and its locking are :mod:`tlsreload_plugins.lastgood.store`'s.
+place, so a process serving thousands of identities copies out only the few it reads. A change to the table
+is written as a record after it (:func:`encode_change`: the names it removes, the contents it adds, the
+identities and refusals it sets), which :meth:`Index.with_changes` takes in: a write costs what it changes, not
+what the table holds. No file, no lock: the mapping and its locking are :mod:`tlsreload_plugins.lastgood.store`'s.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import mmap
 import struct
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tlsreload_plugins.identity import Leaf
@@ -62,6 +64,48 @@ def encode(table: Mapping[str, Kept], refusals: Mapping[str, Refusal] | None = N
         for name, refusal in refusals.items():
             label, data = name.encode(), json.dumps(list(refusal)).encode()
             out += [_COUNT.pack(len(label)), label, _COUNT.pack(len(data)), data]
+    return b"".join(out)
+
+
+def encode_change(
+    kept: Mapping[str, Kept],
+    refusals: Mapping[str, Refusal],
+    removed: Iterable[str],
+    held: int,
+    existing: Callable[[str, bytes], int | None],
+) -> bytes:
+    """A record of one change to a table of ``held`` contents: the names ``removed`` (their identities and
+    refusals), then the identities ``kept`` and the ``refusals`` set, by name. A content ``existing(name,
+    content)`` finds among the table's (its index) is not written again (SNI identities share the client-CA
+    bundle); the others are numbered from ``held`` on. :meth:`Index.with_changes` reads it."""
+    blobs: dict[bytes, int] = {}
+
+    def index_of(name: str, blob: bytes | None) -> int:
+        if blob is None:
+            return -1
+        found = blobs.get(blob)
+        if found is None:
+            found = existing(name, blob)
+        if found is None:
+            found = blobs[blob] = held + len(blobs)
+        return found
+
+    entries: list[bytes] = []
+    for name, (parts, leaf) in kept.items():
+        label = name.encode()
+        indices = [index_of(name, blob) for blob in (*parts, _leaf_bytes(leaf))]
+        entries += [_COUNT.pack(len(label)), label, _ENTRY.pack(*indices)]
+    gone = [name.encode() for name in removed]
+    out = [_COUNT.pack(held), _COUNT.pack(len(gone))]
+    for label in gone:
+        out += [_COUNT.pack(len(label)), label]
+    out.append(_COUNT.pack(len(blobs)))
+    for blob in blobs:  # in index order: a dict keeps insertion order
+        out += [_COUNT.pack(len(blob)), blob]
+    out += [_COUNT.pack(len(kept)), *entries, _COUNT.pack(len(refusals))]
+    for name, refusal in refusals.items():
+        label, data = name.encode(), json.dumps(list(refusal)).encode()
+        out += [_COUNT.pack(len(label)), label, _COUNT.pack(len(data)), data]
     return b"".join(out)
 
 
@@ -128,6 +172,9 @@ class Index:
     # for, and a process taking thousands of verdicts at start looks each up more than once.
     leaves: dict[int, Leaf] = field(default_factory=dict)
 
+    end: int = 0
+    """Where in the mapping the table and the change records taken in end."""
+
     @classmethod
     def of(cls, payload: memoryview, start: int) -> Index:
         """The index of ``payload`` (an :func:`encode` table found at offset ``start`` of the mapping).
@@ -135,48 +182,49 @@ class Index:
         Raises:
             ValueError: ``payload`` is not a table :func:`encode` wrote.
         """
-        at = 0
-
-        def count() -> int:
-            nonlocal at
-            if at + _COUNT.size > len(payload):
-                raise ValueError("truncated table")
-            (n,) = _COUNT.unpack_from(payload, at)
-            at += _COUNT.size
-            return int(n)
-
+        cursor = _Cursor(payload, start)
         starts, lengths = array("Q"), array("Q")
-        for _ in range(count()):
-            length = count()
-            if at + length > len(payload):
-                raise ValueError("truncated table")
-            starts.append(start + at)
-            lengths.append(length)
-            at += length
-        entries: dict[str, tuple[int, int, int, int, int]] = {}
-        for _ in range(count()):
-            size = count()
-            if at + size + _ENTRY.size > len(payload):
-                raise ValueError("truncated table")
-            name = bytes(payload[at : at + size]).decode()
-            cert, key, ca, crl, leaf = _ENTRY.unpack_from(payload, at + size)
-            at += size + _ENTRY.size
-            if cert < 0 or max(cert, key, ca, crl, leaf) >= len(starts):
-                raise ValueError(f"identity {name!r} kept with contents the table does not hold")
-            entries[name] = (cert, key, ca, crl, leaf)
-        refusals: dict[str, tuple[int, int]] = {}
-        for _ in range(count() if at < len(payload) else 0):
-            name_size = count()
-            if at + name_size > len(payload):
-                raise ValueError("truncated table")
-            name = bytes(payload[at : at + name_size]).decode()
-            at += name_size
-            size = count()
-            if at + size > len(payload):
-                raise ValueError("truncated table")
-            refusals[name] = (start + at, size)
-            at += size
-        return cls(starts, lengths, entries, refusals)
+        cursor.blobs(starts, lengths)
+        entries = cursor.entries(len(starts))
+        refusals = cursor.refusals() if cursor.at < len(payload) else {}
+        return cls(starts, lengths, entries, refusals, end=start + len(payload))
+
+    def with_changes(self, records: Sequence[tuple[memoryview, int]]) -> Index:
+        """This index with the change ``records`` taken in, in order (each an :func:`encode_change` record and
+        its offset in the mapping, the first right after what this index covers, each right after the one
+        before): a new index, copied once for all of them; this one is left as it is, for the threads reading it.
+
+        Raises:
+            ValueError: a record is not a change :func:`encode_change` wrote for this table.
+        """
+        starts, lengths = array("Q", self.starts), array("Q", self.lengths)
+        entries, refusals = dict(self.entries), dict(self.refusals)
+        end = self.end
+        for record, start in records:
+            cursor = _Cursor(record, start)
+            if cursor.count() != len(starts):
+                raise ValueError("a change written for another table")
+            for name in [cursor.name() for _ in range(cursor.count())]:
+                entries.pop(name, None)
+                refusals.pop(name, None)
+            cursor.blobs(starts, lengths)
+            entries.update(cursor.entries(len(starts)))
+            refusals.update(cursor.refusals())
+            if cursor.at != len(record):
+                raise ValueError("a change longer than its contents")
+            end = start + len(record)
+        return Index(starts, lengths, entries, refusals, self.leaves, end=end)
+
+    def find(self, mapping: mmap.mmap, blob: bytes, near: Iterable[str]) -> int | None:
+        """The index of a content equal to ``blob`` among those of the identities ``near`` (compared in place,
+        the lengths first), or ``None``: where a change finds contents it need not write again."""
+        for name in near:
+            entry = self.entries.get(name)
+            for index in entry[:4] if entry is not None else ():
+                start = self.starts[index] if index >= 0 else 0
+                if index >= 0 and self.lengths[index] == len(blob) and mapping[start : start + len(blob)] == blob:
+                    return index
+        return None
 
     def contents(self, mapping: mmap.mmap, name: str) -> Kept | None:
         """What is kept for ``name``, copied out of ``mapping`` (``None``: nothing)."""
@@ -231,3 +279,50 @@ class Index:
     def all_refusals(self, mapping: mmap.mmap) -> dict[str, Refusal]:
         """Every refusal kept in ``mapping``, by name: for a write."""
         return {name: refusal for name in self.refusals if (refusal := self.refusal(mapping, name)) is not None}
+
+
+class _Cursor:
+    """Reads a table or a change record found at offset ``start`` of the mapping: counts, names, the contents'
+    places, entries and refusals, each checked against the record's length."""
+
+    def __init__(self, payload: memoryview, start: int) -> None:
+        self.payload, self.start, self.at = payload, start, 0
+
+    def _take(self, size: int) -> int:
+        if size < 0 or self.at + size > len(self.payload):
+            raise ValueError("truncated table")
+        self.at += size
+        return self.at - size
+
+    def count(self) -> int:
+        (n,) = _COUNT.unpack_from(self.payload, self._take(_COUNT.size))
+        return int(n)
+
+    def name(self) -> str:
+        size = self.count()
+        at = self._take(size)
+        return bytes(self.payload[at : at + size]).decode()
+
+    def blobs(self, starts: array[int], lengths: array[int]) -> None:
+        for _ in range(self.count()):
+            length = self.count()
+            starts.append(self.start + self._take(length))
+            lengths.append(length)
+
+    def entries(self, held: int) -> dict[str, tuple[int, int, int, int, int]]:
+        entries: dict[str, tuple[int, int, int, int, int]] = {}
+        for _ in range(self.count()):
+            name = self.name()
+            cert, key, ca, crl, leaf = _ENTRY.unpack_from(self.payload, self._take(_ENTRY.size))
+            if cert < 0 or max(cert, key, ca, crl, leaf) >= held:
+                raise ValueError(f"identity {name!r} kept with contents the table does not hold")
+            entries[name] = (cert, key, ca, crl, leaf)
+        return entries
+
+    def refusals(self) -> dict[str, tuple[int, int]]:
+        refusals: dict[str, tuple[int, int]] = {}
+        for _ in range(self.count()):
+            name = self.name()
+            size = self.count()
+            refusals[name] = (self.start + self._take(size), size)
+        return refusals

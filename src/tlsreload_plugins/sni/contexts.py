@@ -4,8 +4,9 @@ identities asked for most recently, at most :data:`CONTEXTS` of them.
 A context with its certificate and key loaded takes memory and time to build, in every worker, and most
 identities are asked for rarely or never (docs/sni.md has the figures). An identity's files are validated
 (``cryptography``) when it is found and on every change; its context is built (OpenSSL, the server's own
-recipe, from the bytes validated) only when a handshake names it, inside the ClientHello callback. A second
-handshake naming it meanwhile waits for that build (:attr:`Reloader.newest_context
+recipe, from the bytes validated) when a handshake names it, inside the ClientHello callback, or by a reload
+of its files, off the event loop (kept as if just asked for: a renewed identity's next handshake builds
+nothing). A second handshake naming it meanwhile waits for that build (:attr:`Reloader.newest_context
 <tlsreload_plugins.Reloader.newest_context>`): it never gets another identity's certificate. Memory stays
 flat however many names clients ask for: the contexts of the identities asked for least recently are
 dropped, and built again when asked for.
@@ -23,7 +24,7 @@ import ssl
 import threading
 from collections import OrderedDict
 
-from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.errors import InvalidIdentity, NotAtHand
 from tlsreload_plugins.reloader import Reloader
 
 log = logging.getLogger("tlsreload_plugins.sni")
@@ -54,12 +55,22 @@ class ContextCache:
             return None
         try:
             context = reloader.newest_context
+        except NotAtHand as e:  # not a refusal: the identity's next check, off the loop, catches up
+            log.debug("SNI identity %s: %s", os.path.basename(os.path.dirname(reloader.files.certfile)), e)
+            return None
         except (InvalidIdentity, TypeError) as e:
             self._refuse(reloader, str(e))
             return None
         except Exception as e:  # a recipe's own bug: never out of a ClientHello callback
             self._refuse(reloader, f"{type(e).__name__}: {e}")
             return None
+        self.keep(reloader)
+        return context
+
+    def keep(self, reloader: Reloader) -> None:
+        """Count ``reloader``'s context among those kept, as the one asked for most recently: one a handshake
+        just got, or one its reload just built off the event loop (the next handshake naming it need not build
+        it). The least recently asked beyond :attr:`capacity` are dropped."""
         evicted: list[Reloader] = []
         with self._lock:
             recent = self._recent
@@ -71,7 +82,6 @@ class ContextCache:
                     evicted.append(recent.popitem(last=False)[0])
         for old in evicted:
             old.release_context()
-        return context
 
     def _refuse(self, reloader: Reloader, why: str) -> None:
         self._refused[reloader] = (reloader.leaf.sha256, why)

@@ -124,6 +124,7 @@ class SNIIdentities:
         self._contexts = ContextCache()  # the contexts built, for the identities asked for most recently
         self._unserved: dict[str, str] = {}  # identities found but not served, by name: why
         self._conflicts_logged: set[tuple[str, str, str]] = set()  # (name, first, second) claimed twice, logged
+        self._routed: dict[str, tuple[str, ...]] = {}  # the SANs each identity's leaf listed when the table was built
         self.check(settle=False)
         self._starting = False
 
@@ -207,6 +208,7 @@ class SNIIdentities:
     def _rebuild(self) -> None:
         # One reference swap: a handshake sees the old table or the new one.
         self._table = routing_table(self._identities, self._conflicts_logged)
+        self._routed = {name: reloader.leaf.sans for name, reloader in self._identities.items()}
 
     # -- the scan ------------------------------------------------------------------------------
 
@@ -297,7 +299,8 @@ class SNIIdentities:
         return validate_apart.prejudged(items, run=run) if apart else contextlib.nullcontext()
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
-        """Check one served identity; whether its leaf changed (the routing table may have to follow)."""
+        """Check one served identity; whether the names its leaf lists changed (the routing table must follow: a
+        renewal for the same names leaves it as it is, rather than rebuilding it for every identity)."""
         if name in self._sweeping:  # nothing reported by the kernel: a read and a hash, a full check if changed
             outcome = reloader.sweep(offload=offload)
         else:
@@ -306,7 +309,10 @@ class SNIIdentities:
             self._tracker.resolved(name)
         if outcome is Outcome.PENDING:
             self._again.add(name)
-        return outcome is Outcome.RELOADED
+        if outcome is not Outcome.RELOADED:
+            return False
+        self._contexts.keep(reloader)  # the context the reload built, here rather than in a handshake
+        return reloader.leaf.sans != self._routed.get(name)
 
     def _walk(
         self, found: dict[str, TLSFiles], wanted: Set[str], settle: bool, offload: Offload[Examined] | None
@@ -330,7 +336,8 @@ class SNIIdentities:
             if is_alive(reloader.files):  # certbot relinking its files one at a time
                 self._missing.discard(name)
                 self._again.add(name)
-                reloader.check(settle=settle, offload=offload)
+                if reloader.check(settle=settle, offload=offload) is Outcome.RELOADED:
+                    self._contexts.keep(reloader)
             elif name not in self._missing:  # gone once: served until the next look confirms it
                 self._missing.add(name)
             else:

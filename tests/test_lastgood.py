@@ -95,13 +95,13 @@ def test_a_change_is_a_record_after_the_table_and_a_damaged_one_is_left_out(ca: 
     store._map[store._base(newest_region(store)) + written(store) - 1] ^= 0xFF
     fresh = SharedStore.__new__(SharedStore)  # another process's view: nothing cached
     vars(fresh).update(vars(store), _cached=(-1, 0, {}))
-    assert fresh.read() == (first.chain, first.key, None)
+    assert fresh.read() == (first.chain, first.key, None, None)
     # The next write rewrites the table whole, leaving the damaged record behind.
     fresh.write(snapshot_of(third), "shop")
     again = SharedStore.__new__(SharedStore)
     vars(again).update(vars(store), _cached=(-1, 0, {}))
-    assert again.read() == (first.chain, first.key, None)
-    assert again.read("shop") == (third.chain, third.key, None)
+    assert again.read() == (first.chain, first.key, None, None)
+    assert again.read("shop") == (third.chain, third.key, None, None)
 
 
 def test_writers_in_several_processes_at_once_lose_nothing(ca: trustme.CA) -> None:
@@ -294,5 +294,5 @@ def test_thousands_written_at_once_beside_one_kept_are_all_kept(ca: trustme.CA) 
     bundle = issue(ca).chain
     many = {f"site{n}": (Snapshot(TLSFiles("c", "k", "ca"), b"c%d" % n, b"k%d" % n, bundle), None) for n in range(3000)}
     assert store.write_many(many)
-    assert store.read("site2999") == (b"c2999", b"k2999", bundle)
-    assert store.read() == (pair.chain, pair.key, None)
+    assert store.read("site2999") == (b"c2999", b"k2999", bundle, None)
+    assert store.read() == (pair.chain, pair.key, None, None)

@@ -1,6 +1,7 @@
 """The push API (:mod:`tlsreload_plugins.sources.pushed`): an identity handed over as bytes, written as one atomic
-swap of private files that every server and client takes as it takes files; and the example that keeps a server
-and a client fresh from a dict standing in for a secret manager."""
+swap of private files that every server and client takes as it takes files; the example that keeps a server and a
+client fresh from a dict standing in for a secret manager; every server of the shared matrix following pushes (the
+clients' matrix: tests/test_clients.py, its "pushed" layout)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ import stat
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import trustme
 
+import server_kinds
+from test_gunicorn import DEADLINE, FAILED, fetch, wait_every_worker
+from test_hostile import server_env
 from tlsreload_plugins.client import ClientIdentity
 from tlsreload_plugins.sources import PushedIdentity
+from tlstest import Hammer, client_context, free_port, issue, run_server, wait_until
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -120,3 +126,42 @@ def test_the_secret_manager_example_keeps_a_server_and_a_client_on_what_is_pushe
         after = lines[lines.index({"rotated": rotation}) + 1]
         assert (after["server_serial"], after["client_serial"]) == (rotation["server"], rotation["client"])
     assert "certificate reload failed" not in run.stderr and "Traceback" not in run.stderr
+
+
+# --- every server of the shared matrix on pushed identities ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class PushedLayout:
+    """Where a server of the matrix is told its files are: a :class:`PushedIdentity`'s."""
+
+    cert_path: Path
+    key_path: Path
+
+
+@pytest.mark.parametrize("kind", list(server_kinds.KINDS))
+def test_every_server_follows_pushes_and_keeps_serving_through_a_hostile_one(
+    kind: str, ca: trustme.CA, tmp_path: Path
+) -> None:
+    first, second, third = issue(ca), issue(ca), issue(ca)
+    ctx = client_context(ca)
+    port = free_port()
+    workers = server_kinds.workers(kind)
+    with PushedIdentity(str(tmp_path)) as pushed:
+        pushed.push(first.chain, first.key)
+        files = pushed.files
+        assert files.keyfile is not None
+        command = server_kinds.args(kind, port, PushedLayout(Path(files.certfile), Path(files.keyfile)))
+        with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+            wait_every_worker(port, ctx, first.serial, workers)
+            with Hammer(port, ctx, threads=2) as hammer:
+                pushed.push(second.chain, second.key)
+                wait_every_worker(port, ctx, second.serial, workers)
+                pushed.push(second.chain, third.key)  # a mismatched pair: refused, the last good serving
+                wait_until(lambda: server.output().count(FAILED) >= workers, DEADLINE, what="every worker's report")
+                assert all(fetch(port, ctx)[0] == second.serial for _ in range(4))
+                pushed.push(third.chain, third.key)
+                wait_every_worker(port, ctx, third.serial, workers)
+    assert hammer.successes > 0 and not hammer.failures, hammer.failures[:5]
+    assert hammer.serials <= {first.serial, second.serial, third.serial}, hammer.serials
+    assert server.output().count(FAILED) == workers, server.output()

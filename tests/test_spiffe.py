@@ -149,12 +149,23 @@ def test_a_source_follows_rotations_a_bundle_change_a_dropped_stream_and_refuses
         api.send_raw(b"\x0a\xff\xff")  # garbage: not written
         wait_until(lambda: source.status().refused == 1, DEADLINE, what="the garbage refused")
         assert holds(again)
+
+        # Files that cannot be written (a directory where the swap stages its link): counted, the stream followed on.
+        blocker = Path(source.pushed.directory) / "..data_tmp"
+        blocker.mkdir()
+        api.send([mint_svid(ca, "web", "localhost")])
+        wait_until(lambda: source.status().refused == 2, DEADLINE, what="the unwritable update refused")
+        assert holds(again) and "..data_tmp" in (source.status().last_error or "")
+        blocker.rmdir()
+        last = mint_svid(ca, "web", "localhost")
+        api.send([last])
+        wait_until(lambda: holds(last), DEADLINE, what="the next update written")
     assert not os.path.exists(files.certfile)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("tlsreload_plugins.sources")]
     drops = [m for level, m in lines if level == "WARNING" and "went away" in m]
     assert len(drops) == 1 and str(api.socket) in drops[0]
     assert sum(1 for level, m in lines if level == "INFO" and "is back" in m) == 1
-    assert sum(1 for level, m in lines if level == "WARNING" and "not written" in m) == 1
+    assert sum(1 for level, m in lines if level == "WARNING" and "not written" in m) == 2
 
 
 def test_a_source_with_no_svid_in_time_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

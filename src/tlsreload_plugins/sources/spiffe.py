@@ -79,7 +79,8 @@ class SpiffeStatus:
     drops: int
     """Times the stream went away (or could not be opened) after it had been open."""
     refused: int
-    """Messages not written: malformed, holding no SVID, or none with the SPIFFE ID asked for."""
+    """Messages not written: malformed, holding no SVID, none with the SPIFFE ID asked for, or the files could not
+    be written."""
     last_error: str | None
 
 
@@ -225,21 +226,25 @@ class SpiffeSource:
             log.info("the Workload API at %s is back", self.endpoint)
         try:
             identity = choose(message, self.spiffe_id)
-        except MalformedResponse as e:
-            reason = f"a message from the Workload API at {self.endpoint} was not written: {e}"
-            with self._lock:
-                self._refused += 1
-                self._last_error = reason
-                first_time, self._refusal_logged = self._refusal_logged != str(e), str(e)
-            if first_time:
-                log.warning("%s; the last identity keeps serving", reason)
+            changed = self.pushed.push(identity.cert, identity.key, identity.bundle)
+        except (MalformedResponse, OSError) as e:  # OSError: the files could not be written (a full filesystem)
+            self._refuse(f"{e}" if isinstance(e, MalformedResponse) else f"writing {self.pushed.directory}: {e}")
             return
-        changed = self.pushed.push(identity.cert, identity.key, identity.bundle)
         with self._lock:
             self._served = identity.spiffe_id
             self._updates += changed
             self._refusal_logged = None
         self._first.set()
+
+    def _refuse(self, problem: str) -> None:
+        """A message not written: counted, and logged once until a message is written again."""
+        reason = f"a message from the Workload API at {self.endpoint} was not written: {problem}"
+        with self._lock:
+            self._refused += 1
+            self._last_error = reason
+            first_time, self._refusal_logged = self._refusal_logged != problem, problem
+        if first_time:
+            log.warning("%s; the last identity keeps serving", reason)
 
     def _went_away(self, error: str) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ import trustme
 
 from client_kinds import CLIENTS, STOCK, ClientRun, World, replace, serve, start
 from hostile import leaf_for_key, load_key_on_disk
+from tlsreload_plugins.sources import PushedIdentity
 from tlstest import CertbotLayout, KubeletLayout, Pair, issue, wait_until
 
 INTERVAL = 0.2
@@ -26,12 +27,20 @@ how soon it does); the tests wait that long and more before failing."""
 
 
 class ClientFiles:
-    """The client's certificate, key and CA bundle, written as kubelet does (one swap of all three) or as certbot
-    does (the pair relinked one file at a time; the CA bundle a file of its own, replaced)."""
+    """The client's certificate, key and CA bundle, written as kubelet does (one swap of all three), as certbot
+    does (the pair relinked one file at a time; the CA bundle a file of its own, replaced), or pushed as bytes by the
+    push API (:class:`~tlsreload_plugins.sources.PushedIdentity`: what a secret manager's client or the SPIFFE
+    source does)."""
 
     def __init__(self, root: Path, layout: str, pair: Pair, trusted: bytes) -> None:
         self.layout = layout
-        if layout == "kubelet":
+        if layout == "pushed":
+            self.pushed = PushedIdentity(str(root))
+            self.pushed.push(pair.chain, pair.key, trusted)
+            pushed = self.pushed.files
+            assert pushed.keyfile is not None and pushed.ca_certs is not None
+            self.cert, self.key, self.cacert = Path(pushed.certfile), Path(pushed.keyfile), Path(pushed.ca_certs)
+        elif layout == "kubelet":
             self.kubelet = KubeletLayout(root / "client")
             self.cert, self.key, self.cacert = self.kubelet.cert_path, self.kubelet.key_path, self.kubelet.ca_path
         else:
@@ -42,7 +51,9 @@ class ClientFiles:
         self.write()
 
     def write(self) -> None:
-        if self.layout == "kubelet":
+        if self.layout == "pushed":
+            self.pushed.push(self.chain, self.private, self.trusted)
+        elif self.layout == "kubelet":
             self.kubelet.write_files({"tls.crt": self.chain, "tls.key": self.private, "ca.crt": self.trusted})
         else:
             replace(self.cacert, self.trusted)
@@ -106,7 +117,7 @@ def rotate(run: ClientRun, files: ClientFiles, pair: Pair) -> None:
 
 
 @pytest.mark.parametrize("world", list(CLIENTS), indirect=True, ids=list(CLIENTS))
-@pytest.mark.parametrize("layout", ["kubelet", "certbot"])
+@pytest.mark.parametrize("layout", ["kubelet", "certbot", "pushed"])
 def test_rotations_reach_the_server(world: World, layout: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     kind = request.node.callspec.params["world"]
     first = issue(world.client_ca)

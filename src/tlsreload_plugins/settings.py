@@ -77,3 +77,31 @@ def resolve_crl(crl: str | None = None) -> str | None:
     """The CRL file (PEM, one or more CRLs for the CAs of the client-CA bundle): ``crl`` if given, else
     ``$TLSRELOAD_CRL``, else ``None`` (no revocation checked)."""
     return crl or os.environ.get(CRL_ENV) or None
+
+
+SPIFFE_ENV = "TLSRELOAD_SPIFFE"
+
+_OFF = ("", "0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+
+
+def resolve_spiffe(spiffe: str | bool | None = None) -> str | None:
+    """Whether a server's identity comes from SPIFFE's Workload API, and from where: ``spiffe`` if given (``True``
+    or ``""``: ``$SPIFFE_ENDPOINT_SOCKET``'s agent; a string: the agent's address; ``False``: not), else
+    ``$TLSRELOAD_SPIFFE`` (``1``, or the address), else not.
+
+    Returns:
+        ``None``: files, not SPIFFE; ``""``: the address in ``$SPIFFE_ENDPOINT_SOCKET``; else the address.
+
+    Example: ``resolve_spiffe(None)`` is ``""`` when ``TLSRELOAD_SPIFFE=1``.
+    """
+    if spiffe is True:
+        return ""
+    if spiffe is False:
+        return None
+    if spiffe is not None:
+        return spiffe
+    value = os.environ.get(SPIFFE_ENV, "").strip()
+    if value.lower() in _OFF:
+        return None
+    return "" if value.lower() in _ON else value

@@ -184,6 +184,23 @@ class ClientIdentity:
             observe(self, identity=METRICS_IDENTITY)
         self._driver = ThreadDriver(self).start() if watch else None
 
+    @classmethod
+    def from_files(cls, files: TLSFiles, **options: Any) -> ClientIdentity:
+        """A :class:`ClientIdentity` of ``files``: a :class:`~tlsreload_plugins.TLSFiles` as a source hands them
+        (:class:`~tlsreload_plugins.sources.PushedIdentity`, :class:`~tlsreload_plugins.sources.spiffe.SpiffeSource`),
+        its ``ca_certs`` the bundle that servers are verified against.
+
+        Args:
+            files: the certificate, key and CA bundle.
+            options: the constructor's keyword arguments (``interval``, ``recipe``, ``watch``, ...).
+
+        Raises:
+            InvalidIdentity: the files cannot be used.
+
+        Example: ``identity = ClientIdentity.from_files(SpiffeSource().files)``.
+        """
+        return cls(files.certfile, files.keyfile, cafile=files.ca_certs, **options)
+
     def _build(self) -> ssl.SSLContext:
         return self._recipe(self.files, self.password)
 

@@ -89,8 +89,10 @@ def mint_ca() -> Authority:
     return Authority(cert, key)
 
 
-def mint_leaf(ca: Authority, days: float = 90.0) -> Pair:
-    """A fresh key and a server certificate for localhost and 127.0.0.1, signed by ``ca``."""
+def mint_leaf(ca: Authority, days: float = 90.0, *, client: bool = False) -> Pair:
+    """A fresh key and a server certificate for localhost and 127.0.0.1, signed by ``ca`` (``client``: good for
+    client authentication too)."""
+    purposes = [ExtendedKeyUsageOID.SERVER_AUTH, *([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])]
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.now(timezone.utc)
     ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
@@ -104,7 +106,7 @@ def mint_leaf(ca: Authority, days: float = 90.0) -> Pair:
         .not_valid_after(now + timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(cert_sign=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(purposes), critical=False)
         .add_extension(
             x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]),
             critical=False,

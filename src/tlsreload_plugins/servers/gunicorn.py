@@ -2,10 +2,11 @@
 
 How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``add_reload(globals())`` last in
 your ``gunicorn.conf.py`` (your hooks still run); gunicorn's ``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni``,
-``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``. Where the context is built: your ``ssl_context`` hook on gunicorn's
-default factory is the recipe; the hook then hands out the worker's reloading context (``sync`` and ``gthread`` ask
-per connection, the others once; ``UvicornWorker`` never asks: see
-:mod:`tlsreload_plugins.servers.gunicorn_worker_classes`).
+``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``; ``tls_spiffe`` (or ``$TLSRELOAD_SPIFFE``): the identity from
+SPIFFE's Workload API, followed by the arbiter, its files gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``.
+Where the context is built: your ``ssl_context`` hook on gunicorn's default factory is the recipe; the hook then
+hands out the worker's reloading context (``sync`` and ``gthread`` ask per connection, the others once;
+``UvicornWorker`` never asks: see :mod:`tlsreload_plugins.servers.gunicorn_worker_classes`).
 Worker lifecycle: forked. The arbiter checks the files in ``on_starting``, before it binds, into the last good store
 its workers share; each worker makes its reloader in ``post_worker_init`` (after gevent's patching) and stops it in
 ``worker_exit``.
@@ -32,10 +33,12 @@ from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
+from tlsreload_plugins.serving.spiffe import start_source
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import glue_for, prepare_worker_class, running_here, serve_in_worker, stop_here
 from tlsreload_plugins.serving.workers import reloaders_here as reloaders
-from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.settings import resolve_password, resolve_spiffe
+from tlsreload_plugins.sources.spiffe import SpiffeSource
 
 __all__ = ["add_reload", "reloaders", "worker_reloader"]
 
@@ -56,6 +59,9 @@ _last_good: SharedStore | None = None
 """The newest identity any worker served, shared by the arbiter and every worker (created before the first fork).
 Not the arbiter reading the files in a thread: a fork() while a thread is inside OpenSSL could leave locks held."""
 
+_spiffe: SpiffeSource | None = None
+"""The arbiter's SPIFFE source, when the identity comes from the Workload API (workers never open one)."""
+
 chained_config: str | None = None
 """The configuration the drop-in applied besides itself (``./gunicorn.conf.py``, ...), for the start-up log."""
 
@@ -72,6 +78,7 @@ def add_reload(
     sni: Sequence[str] | str | None = None,
     metrics: bool | None = None,
     crl: str | None = None,
+    spiffe: str | bool | None = None,
 ) -> None:
     """Add certificate reloading to a gunicorn configuration module; calling it twice changes nothing.
 
@@ -83,6 +90,9 @@ def add_reload(
         metrics: export Prometheus metrics: else the module's ``tls_metrics``, else ``$TLSRELOAD_METRICS``, else off.
         crl: a PEM file of CRLs for the CAs of gunicorn's ``ca_certs``, reloaded with it: else the module's
             ``tls_crl``, else ``$TLSRELOAD_CRL``.
+        spiffe: serve the SVID of SPIFFE's Workload API (``True``: at ``$SPIFFE_ENDPOINT_SOCKET``; a string: at
+            that socket) in place of ``certfile``, ``keyfile`` and ``ca_certs``: else the module's ``tls_spiffe``,
+            else ``$TLSRELOAD_SPIFFE``. The arbiter follows the stream; workers read its files.
 
     Example: at the end of ``gunicorn.conf.py``, after your hooks: ``add_reload(globals())``.
     """
@@ -91,6 +101,7 @@ def add_reload(
     sni = sni if sni is not None else namespace.get("tls_sni")
     metrics = metrics if metrics is not None else namespace.get("tls_metrics")
     crl = crl if crl is not None else namespace.get("tls_crl")
+    from_spiffe = resolve_spiffe(spiffe if spiffe is not None else namespace.get("tls_spiffe"))
     settings = Settings(interval, sni, metrics, crl)
     # The user's ssl_context hook, else gunicorn's default one (its default factory, as it is).
     user_ssl_context: SSLContextHook = namespace.get("ssl_context") or (lambda conf, factory: factory())
@@ -104,7 +115,12 @@ def add_reload(
         return user_ssl_context(conf, factory)
 
     namespace["ssl_context"] = reloading_ssl_context
-    namespace["on_starting"] = before(lambda server: _check_at_start(server, settings), namespace.get("on_starting"))
+    namespace["on_starting"] = before(
+        lambda server: _check_at_start(server, settings, from_spiffe), namespace.get("on_starting")
+    )
+    if from_spiffe is not None:  # a HUP reads the configuration again: the SVID's files are set again before workers
+        namespace["on_reload"] = before(lambda server: _use_source(server.cfg), namespace.get("on_reload"))
+        namespace["on_exit"] = after(namespace.get("on_exit"), lambda server: _close_source())
     # Ours first: the user's hook can then reach the reloader through worker_reloader().
     namespace["post_worker_init"] = before(
         lambda worker: _start_worker(worker, user_ssl_context, settings), namespace.get("post_worker_init")
@@ -135,7 +151,7 @@ def drop_in_settings(module: str) -> dict[str, Any]:
         read = dict(Application.get_config_from_filename(None, location.removeprefix("file:")))
     names = {setting.name for setting in KNOWN_SETTINGS}
     settings = {name: value for name, value in read.items() if name in names}
-    add_reload(settings, sni=read.get("tls_sni"), metrics=read.get("tls_metrics"))
+    add_reload(settings, sni=read.get("tls_sni"), metrics=read.get("tls_metrics"), spiffe=read.get("tls_spiffe"))
     # gunicorn imports a python: module once, but reads a configuration file again on HUP: so should the drop-in.
     imported_again_on(settings, module, "on_starting", "on_reload")
     return settings
@@ -154,18 +170,22 @@ def _replaced_config() -> str | None:
     return cast("str | None", get_default_config_file())
 
 
-def _check_at_start(arbiter: Any, settings: Settings) -> None:
+def _check_at_start(arbiter: Any, settings: Settings, spiffe: str | None) -> None:
     """In the arbiter, before it binds: one error line and a halt when a setting or the files cannot serve."""
     global _last_good
     logs.share_handlers(getattr(arbiter.log, "error_log", None))
     if chained_config is not None:
         log.info("the drop-in configuration also applies %s, as gunicorn would without it", chained_config)
     cfg = arbiter.cfg
+    reason = "the TLS certificate files or settings are not usable"
+    halt = functools.partial(arbiter.halt, reason=reason, exit_status=STARTUP_FAILURE)
+    if spiffe is not None:
+        with exit_if_cannot_serve(halt):
+            _start_source(cfg, spiffe)
     if not cfg.is_ssl:
         log.warning("no --certfile given: serving without TLS, nothing to reload")
         return
-    reason = "the TLS certificate files or settings are not usable"
-    with exit_if_cannot_serve(functools.partial(arbiter.halt, reason=reason, exit_status=STARTUP_FAILURE)):
+    with exit_if_cannot_serve(halt):
         if not cfg.certfile:
             raise CannotServe(
                 f"cannot serve TLS: --keyfile {cfg.keyfile} is set but --certfile is not: give --certfile "
@@ -174,6 +194,31 @@ def _check_at_start(arbiter: Any, settings: Settings) -> None:
         prepare_worker_class(cfg.worker_class, cfg.worker_class_str, WORKER_CLASSES)
         _last_good = _last_good or SharedStore()
         check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, _last_good, forks=True)
+
+
+def _start_source(cfg: Any, spiffe: str) -> None:
+    """Follow SPIFFE's Workload API in the arbiter (once, before any worker) and make its files gunicorn's."""
+    global _spiffe
+    given = [name for name in ("certfile", "keyfile", "ca_certs") if getattr(cfg, name)]
+    if given:
+        raise CannotServe(f"tls_spiffe takes the certificate, key and CA bundle from SPIFFE: drop {given[0]}")
+    _spiffe = _spiffe or start_source(spiffe)
+    _use_source(cfg)
+
+
+def _use_source(cfg: Any) -> None:
+    """Set gunicorn's ``certfile``, ``keyfile`` and ``ca_certs`` to the SPIFFE source's files."""
+    if _spiffe is not None:
+        files = _spiffe.files
+        for name, path in (("certfile", files.certfile), ("keyfile", files.keyfile), ("ca_certs", files.ca_certs)):
+            cfg.set(name, path)
+
+
+def _close_source() -> None:
+    global _spiffe
+    if _spiffe is not None:
+        _spiffe.close()
+        _spiffe = None
 
 
 def _files(cfg: Any) -> TLSFiles:

@@ -1,7 +1,8 @@
 """uvicorn glue: a drop-in command, a context factory, and gunicorn's ``UvicornWorker``. See docs/uvicorn.md.
 
 ``tlsreload-uvicorn`` is uvicorn's command plus the ``--tls-*`` options, handed to ``uvicorn.run(...,
-ssl_context_factory=...)``; :func:`reloading_ssl_context` is that factory for programs, its checks following
+ssl_context_factory=...)`` (``--tls-spiffe``: the certificate, key and CA bundle from SPIFFE's Workload API, followed
+by the supervisor); :func:`reloading_ssl_context` is that factory for programs, its checks following
 the app's ASGI lifespan (:class:`TLSReloadLifespan`, :func:`reloading_certificates`). Where the context is built:
 uvicorn calls the factory in each serving process; the recipe is its own default factory (verify mode, CA bundle,
 ciphers, ALPN, ``ssl_keyfile_password``, else ``$TLSRELOAD_KEY_PASSWORD_FILE``). Worker lifecycle: one process,
@@ -29,9 +30,10 @@ from tlsreload_plugins.serving.configured import (
 )
 from tlsreload_plugins.serving.lifespan import TLSReloadLifespan, reloaders, reloading_certificates
 from tlsreload_plugins.serving.options import click_settings, with_tls_options
+from tlsreload_plugins.serving.spiffe import start_source
 from tlsreload_plugins.serving.start import Settings, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import ReloaderMaker, waiting_in_spawned_worker
-from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.settings import resolve_password, resolve_spiffe
 
 if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so that a missing extra is one
     import uvicorn  # clear line, not a ModuleNotFoundError from this module's import
@@ -169,21 +171,50 @@ def _gunicorn_worker_context(serve: ReloaderMaker, config: Any, factory: Recipe)
 
 
 def _run(
-    tls_reload_interval: float | None, tls_sni: tuple[str, ...], tls_metrics: bool, tls_crl: str | None, **options: Any
+    tls_reload_interval: float | None,
+    tls_sni: tuple[str, ...],
+    tls_metrics: bool,
+    tls_crl: str | None,
+    tls_spiffe: str | None,
+    **options: Any,
 ) -> None:
     import click
-    import uvicorn
 
     kwargs = _run_arguments(options)
     if options.get("ssl_keyfile") and not options.get("ssl_certfile"):
         raise click.UsageError(
             "--ssl-keyfile needs --ssl-certfile (the key may be in the certificate file, not the other way round)"
         )
-    # uvicorn's logging and --env-file now, for what follows (uvicorn.run sets them up again the same way).
-    names = ("env_file", "log_config", "log_level", "use_colors", *(name for name in kwargs if name.startswith("ssl_")))
-    config = uvicorn.Config(kwargs["app"], **{name: kwargs[name] for name in names if name in kwargs})
+    config = _config(kwargs)  # uvicorn's logging and --env-file now, for what follows (which may read $TLSRELOAD_*)
     route_logs()
     settings = click_settings(tls_reload_interval, tls_sni, tls_metrics, tls_crl)
+    spiffe = resolve_spiffe(tls_spiffe)
+    if spiffe is None:
+        _serve(kwargs, options, config, settings)
+        return
+    given = [f"--{name.replace('_', '-')}" for name in NAMES[:3] if options.get(name)]
+    if given:
+        raise click.UsageError(f"--tls-spiffe takes the certificate, key and CA bundle from SPIFFE: drop {given[0]}")
+    with exit_if_cannot_serve(STARTUP_FAILURE):
+        source = start_source(spiffe)
+    with source:  # in the supervisor: the workers read its files (and the last good store), never the stream
+        files = source.files
+        paths = {"ssl_certfile": files.certfile, "ssl_keyfile": files.keyfile, "ssl_ca_certs": files.ca_certs}
+        kwargs.update(paths)
+        _serve(kwargs, {**options, **paths}, _config(kwargs), settings)
+
+
+def _config(kwargs: dict[str, Any]) -> Any:
+    """A ``uvicorn.Config`` of the run's logging, environment file and TLS settings (the app is not loaded)."""
+    import uvicorn
+
+    names = ("env_file", "log_config", "log_level", "use_colors", *(name for name in kwargs if name.startswith("ssl_")))
+    return uvicorn.Config(kwargs["app"], **{name: kwargs[name] for name in names if name in kwargs})
+
+
+def _serve(kwargs: dict[str, Any], options: dict[str, Any], config: Any, settings: Settings) -> None:
+    import uvicorn
+
     if not options.get("ssl_certfile"):
         log.warning("no --ssl-certfile given: serving without TLS, nothing to reload")
         uvicorn.run(**kwargs)
@@ -237,7 +268,7 @@ def main(args: Sequence[str] | None = None) -> None:
     stock = uvicorn.main
     if not isinstance(stock, click.Command) or not any(param.name == "ssl_certfile" for param in stock.params):
         _refuse(f"tlsreload-uvicorn cannot find uvicorn {uvicorn.__version__}'s command-line options (uvicorn.main)")
-    with_tls_options(stock, _run, after="ssl_").main(args=args)
+    with_tls_options(stock, _run, after="ssl_", spiffe=True).main(args=args)
 
 
 if __name__ == "__main__":

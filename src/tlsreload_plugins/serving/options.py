@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tlsreload_plugins import __version__
 from tlsreload_plugins.metrics import METRICS_ENV
 from tlsreload_plugins.serving.start import Settings
-from tlsreload_plugins.settings import CRL_ENV, INTERVAL_ENV, MIN_INTERVAL
+from tlsreload_plugins.settings import CRL_ENV, INTERVAL_ENV, MIN_INTERVAL, SPIFFE_ENV
 from tlsreload_plugins.sni.discovery import SNI_ENV
 
 if TYPE_CHECKING:  # a drop-in command's only: its workers, which import the glue too, have no use for them
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # a drop-in command's only: its workers, which import the glu
 
     import click
 
-__all__ = ["OPTION_HELP", "add_options", "argparse_settings", "click_settings", "with_tls_options"]
+__all__ = ["OPTION_HELP", "SPIFFE_HELP", "add_options", "argparse_settings", "click_settings", "with_tls_options"]
 
 OPTION_HELP = {
     "--tls-reload-interval": "Seconds between checks of the TLS certificate files. "
@@ -39,6 +39,12 @@ OPTION_HELP = {
     f"revoked client certificates are refused. Defaults to ${CRL_ENV}.",
 }
 """The options every drop-in command adds to its server's own, with their help."""
+
+SPIFFE_HELP = (
+    "Serve the X.509 SVID and trust bundle of SPIFFE's Workload API instead of certificate files: at the socket "
+    f"given (--tls-spiffe=unix:///PATH), else at $SPIFFE_ENDPOINT_SOCKET. Defaults to ${SPIFFE_ENV}."
+)
+"""The help of ``--tls-spiffe``, which the drop-ins that can take their identity from SPIFFE add."""
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +66,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tls-crl", metavar="PATH", help=help_of["--tls-crl"])
 
 
-def with_tls_options(stock: click.Command, callback: Callable[..., object], *, after: str) -> click.Command:
+def with_tls_options(
+    stock: click.Command, callback: Callable[..., object], *, after: str, spiffe: bool = False
+) -> click.Command:
     """A server's own click command, with tlsreload's options: for a drop-in command.
 
     Args:
@@ -69,6 +77,8 @@ def with_tls_options(stock: click.Command, callback: Callable[..., object], *, a
             (a float >= 0.1, or None), ``tls_sni`` (a tuple), ``tls_metrics`` (a bool) and ``tls_crl`` (a path or
             None).
         after: the options go after the last parameter whose name starts with it (the server's TLS options).
+        spiffe: add ``--tls-spiffe[=SOCKET]`` too: the callback gets ``tls_spiffe`` (``None``: not given; ``""``:
+            given without a socket; else the socket).
 
     Returns:
         A copy of ``stock`` (help texts, defaults and environment variables unchanged) whose ``--version``
@@ -93,6 +103,8 @@ def with_tls_options(stock: click.Command, callback: Callable[..., object], *, a
         click.Option(["--tls-metrics"], is_flag=True, default=False, help=OPTION_HELP["--tls-metrics"]),
         click.Option(["--tls-crl"], metavar="PATH", help=OPTION_HELP["--tls-crl"]),
     ]
+    if spiffe:  # a value is optional: give the socket with "=", or the next argument is taken as it
+        ours.append(click.Option(["--tls-spiffe"], is_flag=False, flag_value="", metavar="[=SOCKET]", help=SPIFFE_HELP))
     command.params = [*params[:at], *ours, *params[at:]]
     command.callback = callback
     return command

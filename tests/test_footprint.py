@@ -1,7 +1,10 @@
 """What the plugin loads into a worker: nothing a worker model does not use. Real servers, 2 workers each,
 whose app answers which of asyncio, cryptography and prometheus_client its worker has loaded.
 
-- A gunicorn sync worker loads no asyncio, and no prometheus_client unless metrics are asked for.
+- A gunicorn sync worker loads no asyncio, and no prometheus_client (nor the package's metrics module) unless
+  metrics are asked for.
+- A worker loads the package's SNI machinery (``tlsreload_plugins.sni``) only with SNI identities configured, and its
+  metrics module only with metrics on: shown both ways, in the workers of every server model here.
 - The workers of the spawn-based servers (tlsreload-uvicorn --workers, tlsreload-hypercorn) take their
   parent's verdict on the files, at start, on every rotation and on a bad pair (its refusal, which each worker
   reports), and load no cryptography. A trio worker loads no asyncio.
@@ -28,12 +31,14 @@ TESTS = Path(__file__).parent
 INTERVAL = "0.3"
 DEADLINE = 30.0
 LAST_GOOD = "serving the last good certificate this server served"
+PYTHONPATH = os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])
+"""The servers' path: the tests' apps, then the tree under test when one is on ``PYTHONPATH`` (not the install)."""
 
 
 def ask(port: int, ctx: ssl.SSLContext) -> tuple[str, int, set[str]]:
     """One request on a new connection: (serial served, worker pid, modules the worker has loaded)."""
     serial, response = get(port, ctx)
-    match = re.search(rb"pid=(\d+) loaded=([\w,]*)", response)
+    match = re.search(rb"pid=(\d+) loaded=([\w.,]*)", response)
     assert match, response
     return serial, int(match.group(1)), set(filter(None, match.group(2).decode().split(",")))
 
@@ -88,13 +93,15 @@ def test_a_sync_worker_loads_no_asyncio_and_prometheus_client_only_when_asked(
     pair = issue(ca)
     layout.install(pair)
     port = free_port()
-    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL, "TLSRELOAD_METRICS": metrics}
+    env = {"PYTHONPATH": PYTHONPATH, "TLSRELOAD_INTERVAL": INTERVAL, "TLSRELOAD_METRICS": metrics}
     with run_server(command("gunicorn-sync", port, layout), tmp_path / "server.log", port, env=env) as running:
         workers = every_worker(port, client_context(ca), pair.serial)
         assert running.proc.poll() is None, running.output()
     for loaded in workers.values():
         assert "asyncio" not in loaded
         assert ("prometheus_client" in loaded) == (metrics == "1"), loaded
+        assert ("tlsreload_plugins.metrics" in loaded) == (metrics == "1"), loaded
+        assert "tlsreload_plugins.sni" not in loaded, loaded
 
 
 @pytest.mark.parametrize("server", ["tlsreload-uvicorn", "tlsreload-hypercorn-asyncio", "tlsreload-hypercorn-trio"])
@@ -104,13 +111,14 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
     layout.install(first)
     port = free_port()
     ctx = client_context(ca)
-    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {"PYTHONPATH": PYTHONPATH}
     env["TLSRELOAD_INTERVAL"] = INTERVAL
     with run_server(command(server, port, layout), tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
         at_start = every_worker(port, ctx, first.serial)
         for loaded in at_start.values():
             assert "cryptography" not in loaded, loaded
             assert "prometheus_client" not in loaded, loaded
+            assert not loaded & {"tlsreload_plugins.sni", "tlsreload_plugins.metrics"}, loaded  # neither configured
             assert ("asyncio" in loaded) == (not server.endswith("trio")), loaded
         # A rotation: every worker serves it on the parent's verdict, still without cryptography.
         layout.install(second)
@@ -133,6 +141,7 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
         assert running.proc.poll() is None, running.output()
     for loaded in [*after.values(), *replaced.values()]:
         assert "cryptography" not in loaded, loaded
+        assert not loaded & {"tlsreload_plugins.sni", "tlsreload_plugins.metrics"}, loaded
     out = running.output()
     assert "Traceback" not in out
     refusals = [line for line in out.splitlines() if "certificate reload failed" in line or LAST_GOOD in line]
@@ -142,13 +151,20 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
 def test_the_core_imports_no_cryptography_until_it_parses(tmp_path: Path) -> None:
     import subprocess
 
+    watched = ("asyncio", "cryptography", "prometheus_client", "tlsreload_plugins.sni", "tlsreload_plugins.metrics")
     code = (
         "import sys, tlsreload_plugins, tlsreload_plugins.uvicorn, tlsreload_plugins.hypercorn;"
-        "print(sorted(m for m in ('asyncio', 'cryptography', 'prometheus_client') if m in sys.modules))"
+        f"print(sorted(m for m in {watched!r} if m in sys.modules));"
+        # The package's public names load on first use, SNIIdentities with the SNI machinery.
+        "from tlsreload_plugins import Reloader, SNIIdentities, fresh_context;"
+        f"print(sorted(m for m in {watched!r} if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    # uvicorn and hypercorn import asyncio themselves; our modules add neither cryptography nor prometheus_client.
-    assert "cryptography" not in result.stdout and "prometheus_client" not in result.stdout, result.stdout
+    glue, public = result.stdout.splitlines()
+    # The glue imports its server where it runs it (asyncio comes with uvicorn and hypercorn); our modules add no
+    # cryptography, no prometheus_client, and neither the SNI machinery nor the metrics module until they are used.
+    assert glue in ("[]", "['asyncio']"), result.stdout
+    assert "tlsreload_plugins.sni" in public and "cryptography" not in public, result.stdout
 
 
 @pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio"])
@@ -164,11 +180,12 @@ def test_each_server_s_own_metrics_setting_turns_them_on(tmp_path: Path, ca: tru
         (tmp_path / "gunicorn.conf.py").write_text("tls_metrics = True\n")
     else:
         args.append("--tls-metrics")
-    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    env = {"PYTHONPATH": PYTHONPATH, "TLSRELOAD_INTERVAL": INTERVAL}
     with run_server(args, tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
         workers = every_worker(port, client_context(ca), pair.serial)
         assert running.proc.poll() is None, running.output()
     assert all("prometheus_client" in loaded for loaded in workers.values()), workers
+    assert all("tlsreload_plugins.metrics" in loaded for loaded in workers.values()), workers
 
 
 @pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio"])
@@ -176,7 +193,7 @@ def test_a_bad_metrics_setting_stops_the_start_with_one_line(tmp_path: Path, ca:
     layout = KubeletLayout(tmp_path / "secret")
     layout.install(issue(ca))
     port = free_port()
-    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_METRICS": "sometimes"}
+    env = {"PYTHONPATH": PYTHONPATH, "TLSRELOAD_METRICS": "sometimes"}
     with run_server(command(server, port, layout), tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
         wait_until(lambda: running.proc.poll() is not None, DEADLINE, what=f"{server} to stop")
         output = running.output()
@@ -224,7 +241,7 @@ def test_a_serving_process_validates_in_a_child_and_never_loads_cryptography(
     layout.install(first)
     port = free_port()
     ctx = client_context(ca)
-    env = {"PYTHONPATH": str(TESTS), "TLSRELOAD_INTERVAL": INTERVAL}
+    env = {"PYTHONPATH": PYTHONPATH, "TLSRELOAD_INTERVAL": INTERVAL}
     args = one_serving_process(server, port, layout)
     with run_server(args, tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
         at_start = every_worker_once(port, ctx, first.serial)
@@ -256,3 +273,23 @@ def every_worker_once(port: int, ctx: ssl.SSLContext, serial: str) -> dict[int, 
 
     wait_until(served, DEADLINE, what=f"{serial} served")
     return seen
+
+
+@pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio"])
+def test_a_worker_with_sni_identities_loads_the_sni_machinery_and_serves_them(
+    tmp_path: Path, ca: trustme.CA, server: str
+) -> None:
+    """The other side of "no SNI configured, no ``tlsreload_plugins.sni``": with ``$TLSRELOAD_SNI`` naming a
+    directory of identities, every worker loads it and serves the identity a client names."""
+    layout, site = KubeletLayout(tmp_path / "secret"), KubeletLayout(tmp_path / "sni" / "site")
+    pair, named = issue(ca), issue(ca, "site.example")
+    layout.install(pair)
+    site.install(named)
+    port = free_port()
+    env = {"PYTHONPATH": PYTHONPATH, "TLSRELOAD_INTERVAL": INTERVAL, "TLSRELOAD_SNI": str(tmp_path / "sni")}
+    ctx = client_context(ca)
+    with run_server(command(server, port, layout), tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
+        workers = every_worker(port, ctx, pair.serial)
+        wait_until(lambda: get(port, ctx, server_name="site.example")[0] == named.serial, DEADLINE, what="the SNI site")
+        assert running.proc.poll() is None, running.output()
+    assert all("tlsreload_plugins.sni" in loaded for loaded in workers.values()), workers

@@ -20,14 +20,20 @@ The adapters, one per server, live in :mod:`tlsreload_plugins.gunicorn`, :mod:`t
 :mod:`tlsreload_plugins.hypercorn` and the other ``tlsreload_plugins.<server>`` modules.
 """
 
-from tlsreload_plugins.drivers import AsyncioDriver, ThreadDriver
-from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
-from tlsreload_plugins.files import TLSFiles
-from tlsreload_plugins.fresh import FreshContext, fresh_context
-from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.outcome import Outcome, Status
-from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.sni.identities import SNIIdentities
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tlsreload_plugins.drivers import AsyncioDriver, ThreadDriver
+    from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
+    from tlsreload_plugins.files import TLSFiles
+    from tlsreload_plugins.fresh import FreshContext, fresh_context
+    from tlsreload_plugins.identity import Leaf
+    from tlsreload_plugins.outcome import Outcome, Status
+    from tlsreload_plugins.reloader import Reloader
+    from tlsreload_plugins.sni.identities import SNIIdentities
 
 __all__ = [
     "AsyncioDriver",
@@ -45,3 +51,36 @@ __all__ = [
     "fresh_context",
 ]
 __version__ = "0.1.0"
+
+_HOMES = {
+    "AsyncioDriver": "drivers",
+    "ThreadDriver": "drivers",
+    "InvalidIdentity": "errors",
+    "NotServable": "errors",
+    "ReloadError": "errors",
+    "TLSFiles": "files",
+    "FreshContext": "fresh",
+    "fresh_context": "fresh",
+    "Leaf": "identity",
+    "Outcome": "outcome",
+    "Status": "outcome",
+    "Reloader": "reloader",
+    "SNIIdentities": "sni.identities",
+}
+"""The module each public name lives in. They load on first use: importing any part of the package (a server's
+glue in a worker) imports this file, which would otherwise load every topic, the SNI machinery and the metrics
+included, into processes that use none of them."""
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562), then kept here."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -46,6 +46,7 @@ from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.outcome import Outcome, Status
+from tlsreload_plugins.settings import METRICS_ENV, PER_IDENTITY, resolve_metrics
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -59,32 +60,15 @@ DEFAULT_IDENTITY = "default"
 """The ``identity`` label of the configured identity (SNI identities are labelled with their names)."""
 GAUGE_MULTIPROCESS_MODE: Final = "livemin"
 
-METRICS_ENV = "TLSRELOAD_METRICS"
-"""``1`` (or ``true``, ``yes``, ``on``) for the adapters to export metrics; unset or ``0`` for none;
-``per-identity`` for metrics with every SNI identity's own series, however many there are."""
-PER_IDENTITY = "per-identity"
 PER_IDENTITY_UP_TO = 100
 """SNI identities get their own series (labelled ``identity``) when a server has at most this many, or
 with ``TLSRELOAD_METRICS=per-identity``; beyond, the aggregates of :func:`report_sni` only (six series
 per identity, 10,000 identities: 60,000 series in every worker)."""
-_TRUE = frozenset({"1", "true", "yes", "on", PER_IDENTITY})
-_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
-def wanted(setting: bool | None = None) -> bool:
-    """Whether the adapters export metrics: ``setting`` if given, else ``$TLSRELOAD_METRICS``, else not.
-
-    Raises:
-        ValueError: ``$TLSRELOAD_METRICS`` is neither true-like nor false-like.
-    """
-    if setting is not None:
-        return bool(setting)
-    value = os.environ.get(METRICS_ENV, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ValueError(f"{METRICS_ENV} must be 1 or 0 (true/false, yes/no, on/off), or {PER_IDENTITY}, got {value!r}")
+wanted = resolve_metrics
+"""Whether the adapters export metrics: :func:`~tlsreload_plugins.settings.resolve_metrics` (read where no metrics
+are imported)."""
 
 
 def per_identity() -> bool:

@@ -1,13 +1,15 @@
-"""A reloader's settings: the check interval, the expiry warning, the key password and the CRL file, each given
-as an argument, else read from its environment variable, else its default.
+"""A reloader's settings: the check interval, the expiry warning, the key password and the CRL file, and a server's
+metrics and SNI directories, each given as an argument, else read from its environment variable, else its default.
 
 :class:`~tlsreload_plugins.reloader.Reloader` resolves its settings here, and so do the adapters,
-so that every server reads the same variables the same way.
+so that every server reads the same variables the same way. Reading a setting imports nothing it turns on: a
+worker learns here that it has no SNI identities and exports no metrics without importing either machinery.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from tlsreload_plugins.files import Password, password_file
 
@@ -28,6 +30,17 @@ INTERVAL_ENV = "TLSRELOAD_INTERVAL"
 EXPIRY_WARNING_ENV = "TLSRELOAD_EXPIRY_WARNING_DAYS"
 PASSWORD_FILE_ENV = "TLSRELOAD_KEY_PASSWORD_FILE"
 CRL_ENV = "TLSRELOAD_CRL"
+METRICS_ENV = "TLSRELOAD_METRICS"
+"""``1`` (or ``true``, ``yes``, ``on``) for the adapters to export metrics; unset or ``0`` for none;
+``per-identity`` for metrics with every SNI identity's own series, however many there are."""
+SNI_ENV = "TLSRELOAD_SNI"
+"""Directories of SNI identities, separated by ``os.pathsep`` (``:`` on Unix)."""
+
+PER_IDENTITY = "per-identity"
+"""``TLSRELOAD_METRICS=per-identity``: metrics on, with every SNI identity's own series however many there are."""
+
+_TRUE = frozenset({"1", "true", "yes", "on", PER_IDENTITY})
+_FALSE = frozenset({"", "0", "false", "no", "off"})
 
 
 def _number(value: str | float, name: str, unit: str, *, minimum: float = 0.0) -> float:
@@ -105,3 +118,41 @@ def resolve_spiffe(spiffe: str | bool | None = None) -> str | None:
     if value.lower() in _OFF:
         return None
     return "" if value.lower() in _ON else value
+
+
+def resolve_metrics(setting: bool | None = None) -> bool:
+    """Whether a server exports metrics: ``setting`` if given, else ``$TLSRELOAD_METRICS``, else not.
+
+    Raises:
+        ValueError: ``$TLSRELOAD_METRICS`` is neither true-like nor false-like.
+
+    Example: ``if resolve_metrics(settings.metrics): metrics.observe(reloader)``.
+    """
+    if setting is not None:
+        return bool(setting)
+    value = os.environ.get(METRICS_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{METRICS_ENV} must be 1 or 0 (true/false, yes/no, on/off), or {PER_IDENTITY}, got {value!r}")
+
+
+def resolve_sni_directories(directories: Iterable[str] | str | None = None) -> list[str]:
+    """The SNI directories: ``directories`` if given (a sequence, or one ``os.pathsep``-separated
+    string), else ``$TLSRELOAD_SNI``, else none. Empty entries are dropped.
+
+    Raises:
+        ValueError: a directory does not exist or is not a directory.
+
+    Example: ``resolve_sni_directories("/etc/tls/a:/etc/tls/b")`` is ``["/etc/tls/a", "/etc/tls/b"]``.
+    """
+    if directories is None:
+        directories = os.environ.get(SNI_ENV, "")
+    if isinstance(directories, str):
+        directories = directories.split(os.pathsep)
+    found = [str(d) for d in directories if str(d)]
+    for directory in found:
+        if not os.path.isdir(directory):
+            raise ValueError(f"SNI directory {directory} does not exist or is not a directory")
+    return found

@@ -16,10 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from tlsreload_plugins import __version__
-from tlsreload_plugins.metrics import METRICS_ENV
 from tlsreload_plugins.serving.start import Settings
-from tlsreload_plugins.settings import CRL_ENV, INTERVAL_ENV, MIN_INTERVAL, SPIFFE_ENV
-from tlsreload_plugins.sni.discovery import SNI_ENV
+from tlsreload_plugins.settings import CRL_ENV, INTERVAL_ENV, METRICS_ENV, MIN_INTERVAL, SNI_ENV, SPIFFE_ENV
 
 if TYPE_CHECKING:  # a drop-in command's only: its workers, which import the glue too, have no use for them
     import argparse

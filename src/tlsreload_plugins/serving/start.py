@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, TypeVar
 
-from tlsreload_plugins import metrics
 from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.examine import Recipe, load_identity
 from tlsreload_plugins.files import Password, TLSFiles
@@ -41,10 +40,13 @@ from tlsreload_plugins.lastgood.last_good import LastGood, keep_all_valid, keep_
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.settings import resolve_crl, resolve_expiry_warning_days, resolve_interval
-from tlsreload_plugins.sni import identities as sni
-from tlsreload_plugins.sni.discovery import discover, resolve_directories
-from tlsreload_plugins.sni.tracker import every_identity
+from tlsreload_plugins.settings import (
+    resolve_crl,
+    resolve_expiry_warning_days,
+    resolve_interval,
+    resolve_metrics,
+    resolve_sni_directories,
+)
 
 __all__ = [
     "BOOT_ATTEMPTS",
@@ -154,8 +156,8 @@ class Settings:
                 raise ValueError(f"argument --tls-reload-interval: {e}") from e
             raise
         resolve_expiry_warning_days()
-        metrics.wanted(self.metrics)
-        resolve_directories(self.sni)
+        resolve_metrics(self.metrics)
+        resolve_sni_directories(self.sni)
 
 
 @dataclass(frozen=True)
@@ -276,12 +278,16 @@ def check_at_start(
     except (ReloadError, ValueError) as e:  # ValueError: a bad setting
         raise CannotServe(f"cannot serve TLS: {e}") from e
     store.write(snapshot, leaf=leaf)
-    directories = resolve_directories(settings.sni)
+    directories = resolve_sni_directories(settings.sni)
     if forks and directories:
+        from tlsreload_plugins.sni.discovery import discover  # the SNI machinery: only where SNI is configured
+
         keep_all_valid(discover(directories, files.ca_certs, files.crl), password, store)
     if spawns:
+        from tlsreload_plugins.sni.tracker import every_identity  # the files' identity, and SNI's when configured
+
         interval = resolve_interval(settings.interval)
-        keep_newest_valid(every_identity(files, settings.sni), password, store, interval)
+        keep_newest_valid(every_identity(files, directories), password, store, interval)
 
 
 def start_reloader(
@@ -365,12 +371,18 @@ def equip(reloader: Reloader, settings: Settings, recipe_for: RecipeFor, *, work
         CannotServe: a bad ``$TLSRELOAD_METRICS``, or an SNI directory that does not exist.
     """
     try:
-        if metrics.wanted(settings.metrics):
+        if resolve_metrics(settings.metrics):
+            from tlsreload_plugins import metrics  # prometheus_client and its families: only where metrics are on
+
             metrics.observe(reloader)
     except ValueError as e:
         raise CannotServe(f"cannot serve TLS: {e}") from e
     try:
-        sni.attach_from_settings(reloader, settings.sni, recipe_for)
+        directories = resolve_sni_directories(settings.sni)
+        if directories:
+            from tlsreload_plugins.sni.identities import attach_from_settings  # the SNI machinery: only where used
+
+            attach_from_settings(reloader, directories, recipe_for)
     except ValueError as e:
         if not worker:
             raise CannotServe(f"cannot serve TLS: {e}") from e

@@ -10,12 +10,22 @@ keeps the last good of each through :func:`tlsreload_plugins.sni.tracker.every_i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from tlsreload_plugins.files import TLSFiles
+from tlsreload_plugins.settings import SNI_ENV
+from tlsreload_plugins.settings import resolve_sni_directories as resolve_directories
 
-SNI_ENV = "TLSRELOAD_SNI"
-"""Directories of SNI identities, separated by ``os.pathsep`` (``:`` on Unix)."""
+__all__ = [
+    "IDENTITY_FILES",
+    "SNI_ENV",
+    "discover",
+    "identities_found",
+    "identity_files",
+    "is_alive",
+    "is_directory",
+    "resolve_directories",
+]
 
 IDENTITY_FILES = (("tls.crt", "tls.key"), ("fullchain.pem", "privkey.pem"))
 """The (certificate, key) file names that make a directory an identity, in order of preference:
@@ -23,24 +33,6 @@ a Kubernetes TLS Secret, a certbot lineage."""
 
 _MARKERS = frozenset(name for pair in IDENTITY_FILES for name in pair) | {"cert.pem", "chain.pem"}
 """Any of these present keeps an identity alive: certbot relinks its files one at a time."""
-
-
-def resolve_directories(directories: Iterable[str] | str | None = None) -> list[str]:
-    """The SNI directories: ``directories`` if given (a sequence, or one ``os.pathsep``-separated
-    string), else ``$TLSRELOAD_SNI``, else none. Empty entries are dropped.
-
-    Raises:
-        ValueError: a directory does not exist or is not a directory.
-    """
-    if directories is None:
-        directories = os.environ.get(SNI_ENV, "")
-    if isinstance(directories, str):
-        directories = directories.split(os.pathsep)
-    found = [str(d) for d in directories if str(d)]
-    for directory in found:
-        if not os.path.isdir(directory):
-            raise ValueError(f"SNI directory {directory} does not exist or is not a directory")
-    return found
 
 
 def identity_files(directory: str) -> TLSFiles | None:

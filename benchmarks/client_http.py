@@ -89,12 +89,13 @@ def sync_client(kind: str, side: str, files: Files) -> tuple[Callable[[str, dict
     if identity is not None:
         session.mount("https://", ReloadingAdapter(identity))
     else:
-        session.trust_env = False  # else REQUESTS_CA_BUNDLE in the environment overrides session.verify
-        session.verify = str(files.cacert)
         session.cert = (str(files.cert), str(files.key))
+    # Stock: the CA bundle given with each request, as REQUESTS_CA_BUNDLE in the environment would override the
+    # session's (both sides keep trust_env on, as users do: its proxy lookups cost the same on both).
+    verify: str | bool = str(files.cacert) if identity is None else True
 
     def session_get(url: str, headers: dict[str, str]) -> int:
-        return session.get(url, headers=headers).status_code
+        return session.get(url, headers=headers, verify=verify).status_code
 
     def session_close() -> None:
         session.close()

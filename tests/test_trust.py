@@ -35,7 +35,18 @@ from hostile import place_good
 from test_hostile import TESTS, server_env
 from tls_server import make_recipe
 from tlsreload_plugins import Outcome, Reloader
-from tlstest import HOST, Pair, RenameEachLayout, Server, client_context, free_port, issue, run_server, wait_until
+from tlstest import (
+    HOST,
+    Pair,
+    RenameEachLayout,
+    Server,
+    client_context,
+    free_port,
+    issue,
+    replace_file,
+    run_server,
+    wait_until,
+)
 
 DEADLINE = 30.0
 """Seconds for a server to start, or for every worker to take the new bundle (the interval is 0.3 s)."""
@@ -450,3 +461,84 @@ def test_a_threaded_server_s_straddler_handshakes_with_the_new_trust(
     assert resumed, "the straddler did not resume: its refusal shows nothing"
     assert not ok and early[2].received is None, "a session made before the trust changed was read from"
     assert isinstance(early[2].error, ssl.SSLError)
+
+
+ONE_WORKER = ("--workers", "1")
+STRADDLE_KINDS = {
+    "sync": (),
+    "tlsreload-uvicorn": ONE_WORKER,
+    "tlsreload-hypercorn": ONE_WORKER,
+    "sanic": ONE_WORKER,
+    "aiohttp": (),
+    "websockets": (),
+    "cheroot": (),
+    "daphne": (),
+}
+"""Kinds a straddler is made on through real sockets (one threaded, one asyncio), with the extra arguments: with one
+uvicorn worker every straddler meets the worker whose session it offers; gunicorn's sync workers, each blocked on
+one straddler, take one each."""
+
+
+def reloads(server: Server) -> int:
+    """How many reloads the server's processes have logged."""
+    return server.output().count("reloaded TLS certificate")
+
+
+def straddlers_after(server: Server, workers: int, change: Callable[[], None], count: int) -> list[socket.socket]:
+    """``count`` connections the server accepts now, whose ClientHello is still to come once ``change`` is done and
+    every one of ``workers`` processes has reloaded."""
+    raws = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(count)]
+    before = reloads(server)
+    change()
+    wait_until(lambda: reloads(server) >= before + workers, DEADLINE, what=f"{workers} reloads\n{server.output()}")
+    return raws
+
+
+def hello_on(raw: socket.socket, ctx: ssl.SSLContext, session: ssl.SSLSession | None = None) -> tuple[bool, bool]:
+    """The ClientHello on ``raw`` now, then ``GET /``: whether the answer was a 200, and whether the session resumed."""
+    resumed = False
+    try:
+        with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as tls:
+            resumed = tls.session_reused
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            response = b""
+            while chunk := tls.recv(65536):
+                response += chunk
+    except (OSError, ssl.SSLError):
+        return False, resumed
+    return response.startswith(b"HTTP/1.1 200"), resumed
+
+
+@pytest.mark.parametrize("kind", list(STRADDLE_KINDS))
+def test_a_server_s_straddlers_handshake_with_the_new_trust(kind: str, ca: trustme.CA, tmp_path: Path) -> None:
+    """Connections a real server accepted before a client-CA change, whose ClientHello comes after every worker
+    reloaded: a full handshake gets the new trust (a still-trusted client in, the removed CA's out); a session
+    resumed from before the change is refused before the request is answered (Twisted resumes none: there the
+    straddler offering one makes a full handshake)."""
+    layout = RenameEachLayout(tmp_path / "tls")
+    place_good(layout.cert_path, layout.key_path, ca)
+    bundle = tmp_path / "clients" / "ca.crt"
+    bundle.parent.mkdir()
+    cas = [trustme.CA() for _ in range(3)]
+    bundle.write_bytes(cas[0].cert_pem.bytes() + cas[1].cert_pem.bytes())
+    removed, kept = (client(ca, issue(c, "client.example"), ssl.TLSVersion.TLSv1_3, False) for c in cas[:2])
+    port = free_port()
+    command = server_kinds.args(kind, port, layout, *STRADDLE_KINDS[kind], client_ca=bundle)
+    workers = 1 if STRADDLE_KINDS[kind] else server_kinds.workers(kind)
+    with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+        sessions_from_every_worker(port, removed, workers)  # the first CA's client gets in before any change
+
+        full = straddlers_after(server, workers, lambda: trust(bundle, cas[1]), 2)  # the first CA removed
+        assert hello_on(full[0], kept) == (True, False), f"{kind}: a still-trusted client's straddler was refused"
+        assert not hello_on(full[1], removed)[0], f"{kind}: the removed CA's client got in on a straddler"
+
+        kept_sessions = sessions_from_every_worker(port, kept, workers)
+        never = (kind, "TLS 1.3") in NEVER_RESUMED
+        assert resumes(port, kept, kept_sessions) != never, f"{kind}: resumes {'now' if never else 'no session'}"
+        offered = next(iter(kept_sessions.values()))
+        two_cas = cas[1].cert_pem.bytes() + cas[2].cert_pem.bytes()
+        resumed = straddlers_after(server, workers, lambda: replace_file(bundle, two_cas), workers)
+        answers = [hello_on(raw, kept, offered) for raw in resumed]
+        assert never or any(was_resumed for _, was_resumed in answers), f"{kind}: no straddler resumed"
+        for ok, was_resumed in answers:
+            assert ok != was_resumed, f"{kind}: a straddler {'resumed' if ok else 'made a full handshake'}: {answers}"

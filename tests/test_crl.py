@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from test_trust import InMemory, client
+from test_trust import VERSIONS, InMemory, client, refused_as_resumed, straddle
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader
 from tlsreload_plugins.files import Snapshot, TLSFiles, read_files
@@ -219,16 +219,18 @@ def test_a_ca_and_its_crl_rotated_together_take_effect_as_one_change(mtls: Mtls)
         assert not gets_in(port, mtls.client(mtls.holder))[0]
 
 
-def test_a_connection_accepted_before_a_revocation_is_refused_after_it(mtls: Mtls) -> None:
+@pytest.mark.parametrize("name", list(VERSIONS))
+def test_a_connection_accepted_before_a_revocation_handshakes_with_the_new_crl(mtls: Mtls, name: str) -> None:
+    """A straddler (accepted before the revocation, its ClientHello after it): a full handshake is verified against
+    the new CRL, a resumed session is refused once its handshake completed."""
     reloader = mtls.reloader()
-    holder = mtls.client(mtls.holder)
-    kept = [InMemory(reloader.context)]
-    first = kept[0].answer(holder)
-    assert first.ok and first.session is not None
-    early = InMemory(reloader.context)
+    straddled = straddle(name, reloader, mtls.ca, [mtls.holder, mtls.other])
+    early = [InMemory(reloader.context) for _ in range(3)]
     replace_file(mtls.crl, crl_pem(mtls.client_ca, mtls.holder))
     assert reloader.check() is Outcome.RELOADED
-    assert not early.answer(holder, first.session).ok
+    assert early[0].answer(straddled.client(mtls.other)).ok, "a client nobody revoked was refused on a straddler"
+    assert not early[1].answer(straddled.client(mtls.holder)).ok, "a revoked client got in on a straddler"
+    refused_as_resumed(early[2], straddled, mtls.holder)
 
 
 def test_the_last_good_identity_keeps_its_crl(mtls: Mtls) -> None:

@@ -22,8 +22,9 @@ import re
 import socket
 import ssl
 import sys
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,18 @@ from hostile import place_good
 from test_hostile import TESTS, server_env
 from tls_server import make_recipe
 from tlsreload_plugins import Outcome, Reloader
-from tlstest import HOST, Pair, RenameEachLayout, Server, client_context, free_port, issue, run_server, wait_until
+from tlstest import (
+    HOST,
+    Pair,
+    RenameEachLayout,
+    Server,
+    client_context,
+    free_port,
+    issue,
+    replace_file,
+    run_server,
+    wait_until,
+)
 
 DEADLINE = 30.0
 """Seconds for a server to start, or for every worker to take the new bundle (the interval is 0.3 s)."""
@@ -280,6 +292,9 @@ class InMemory:
     def __init__(self, context: ssl.SSLContext) -> None:
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
+        self.client_resumed = False
+        """Whether the client's last handshake resumed its session (the server took it): true even when the
+        server refused the connection once its handshake completed."""
 
     def answer(self, ctx: ssl.SSLContext, session: ssl.SSLSession | None = None) -> Answer:
         """A client of ``ctx`` offering ``session`` handshakes and reads ``ok`` (and TLS 1.3's tickets)."""
@@ -290,6 +305,7 @@ class InMemory:
                 for end in (tls, self.tls):
                     with contextlib.suppress(ssl.SSLWantReadError):
                         end.do_handshake()
+                        self.client_resumed = self.client_resumed or (end is tls and tls.session_reused)
                 self.incoming.write(client_out.read())
                 client_in.write(self.outgoing.read())
             self.tls.write(b"ok")
@@ -300,36 +316,229 @@ class InMemory:
         return Answer(ok=received == b"ok", session=tls.session, resumed=self.tls.session_reused)
 
 
+@dataclass
+class Straddle:
+    """A reloader serving in-memory connections in one TLS version, and a session of each of ``holders`` made before
+    any change."""
+
+    reloader: Reloader
+    version: ssl.TLSVersion
+    no_ticket: bool
+    server_ca: trustme.CA
+    holders: list[Pair]
+    kept: list[InMemory]
+    """Kept open: OpenSSL drops the session of a connection freed unfinished."""
+    clients: dict[int, ssl.SSLContext] = field(default_factory=dict)
+    sessions: dict[int, ssl.SSLSession] = field(default_factory=dict)
+
+    def client(self, holder: Pair) -> ssl.SSLContext:
+        """One client context per holder: Python offers a session only through the context that made it."""
+        if id(holder) not in self.clients:
+            self.clients[id(holder)] = client(self.server_ca, holder, self.version, self.no_ticket)
+        return self.clients[id(holder)]
+
+
+def straddle(name: str, reloader: Reloader, server_ca: trustme.CA, holders: list[Pair]) -> Straddle:
+    """Every one of ``holders`` gets in with a full handshake, and its session resumes: resumption works at all."""
+    version, no_ticket = VERSIONS[name]
+    made = Straddle(reloader, version, no_ticket, server_ca, holders, [])
+    for holder in holders:
+        made.kept.append(InMemory(reloader.context))
+        answer = made.kept[-1].answer(made.client(holder))
+        assert answer.ok and answer.session is not None and not answer.resumed, "a client is refused at all"
+        made.sessions[id(holder)] = answer.session
+        made.kept.append(InMemory(reloader.context))
+        assert made.kept[-1].answer(made.client(holder), answer.session).resumed, "no session resumes at all"
+    return made
+
+
+def refused_as_resumed(early: InMemory, straddled: Straddle, holder: Pair) -> None:
+    """``early`` (created before the change) resumes ``straddled``'s session and is refused once it did."""
+    answer = early.answer(straddled.client(holder), straddled.sessions[id(holder)])
+    assert early.client_resumed, "the straddler did not resume: its refusal shows nothing"
+    assert not answer.ok, "a session made before the trust changed resumed on a connection accepted before it"
+
+
 @pytest.mark.parametrize("name", list(VERSIONS))
-def test_a_connection_accepted_before_a_client_ca_change_is_refused_after_it(
+def test_a_connection_accepted_before_a_client_ca_change_handshakes_with_the_new_trust(
     name: str, ca: trustme.CA, tmp_path: Path
 ) -> None:
-    """A connection the server accepted before the change, whose ClientHello comes after it, would resume from the
-    session cache of the context it was created on: it is refused, and the next connection gets the new one."""
-    version, no_ticket = VERSIONS[name]
+    """A connection the server accepted before the change, whose ClientHello comes after it (a straddler), makes a
+    full handshake verified against the new bundle; it would resume from the session cache of the context it was
+    created on, so a resumed session is refused once its handshake completed. The next connection gets the new
+    context, where sessions made after the change resume."""
     client_cas = [trustme.CA(), trustme.CA()]
     cert, key, bundle = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
     pair = issue(ca, "localhost")
     cert.write_bytes(pair.chain)
     key.write_bytes(pair.key)
-    trust(bundle, client_cas[0])
+    bundle.write_bytes(client_cas[0].cert_pem.bytes() + client_cas[1].cert_pem.bytes())
     recipe = make_recipe(str(cert), str(key), str(bundle))
     reloader = Reloader(str(cert), str(key), ca_certs=str(bundle), recipe=recipe)
-    holder = client(ca, issue(client_cas[0], "client.example"), version, no_ticket)
-    kept = [InMemory(reloader.context)]  # kept open: OpenSSL drops the session of a connection freed unfinished
-    first = kept[0].answer(holder)
-    assert first.ok and first.session is not None and not first.resumed
-    early = InMemory(reloader.context)
-    kept.append(InMemory(reloader.context))
-    assert kept[1].answer(holder, first.session).resumed  # a session resumes at all
+    removed, kept = issue(client_cas[0], "removed.example"), issue(client_cas[1], "kept.example")
+    straddled = straddle(name, reloader, ca, [removed, kept])
+    early = [InMemory(reloader.context) for _ in range(4)]
+
+    trust(bundle, client_cas[1])  # the first CA removed
+    assert reloader.check() is Outcome.RELOADED
+    assert early[0].answer(straddled.client(kept)).ok, "a still-trusted client's full handshake was refused"
+    assert not early[1].answer(straddled.client(removed)).ok, "the removed CA's client got in on a straddler"
+    refused_as_resumed(early[2], straddled, removed)
+    refused_as_resumed(early[3], straddled, kept)  # its session too: it was made on the old context
+    assert not InMemory(reloader.context).answer(straddled.client(removed), straddled.sessions[id(removed)]).ok
+    straddled.kept.append(InMemory(reloader.context))
+    made_after = straddled.kept[-1].answer(straddled.client(kept))
+    assert made_after.ok and not made_after.resumed
+    straddled.kept.append(InMemory(reloader.context))
+    assert straddled.kept[-1].answer(straddled.client(kept), made_after.session).resumed  # they resume after it
+
+
+class Threaded:
+    """A server connection made by ``context.wrap_socket`` on a real socket now (as a threaded server does when it
+    accepts one), served by a thread that makes the handshake the way ``driven_by`` says, reads a request and
+    answers ``ok``."""
+
+    def __init__(self, context: ssl.SSLContext, driven_by: str) -> None:
+        self.client_end, server_end = socket.socketpair()
+        self.client_end.settimeout(10)
+        server_end.settimeout(10)
+        self.tls = context.wrap_socket(server_end, server_side=True, do_handshake_on_connect=False)
+        self.received: bytes | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.serve, args=(driven_by,))
+        self.thread.start()
+
+    def serve(self, driven_by: str) -> None:
+        try:
+            if driven_by == "do_handshake":
+                self.tls.do_handshake()
+            self.received = self.tls.recv(100)  # "first read": the handshake happens inside this read
+            self.tls.sendall(b"ok")
+        except (OSError, ssl.SSLError) as e:
+            self.error = e
+        finally:
+            self.tls.close()
+
+    def answer(self, ctx: ssl.SSLContext, session: ssl.SSLSession | None = None) -> tuple[bool, bool]:
+        """A client of ``ctx`` offering ``session``: whether it got ``ok``, and whether its handshake resumed."""
+        resumed = False
+        try:
+            with ctx.wrap_socket(self.client_end, server_hostname="localhost", session=session) as tls:
+                resumed = tls.session_reused
+                tls.sendall(b"GET")
+                ok = tls.recv(2) == b"ok"
+        except (OSError, ssl.SSLError):
+            ok = False
+        self.thread.join(10)
+        return ok, resumed
+
+
+@pytest.mark.parametrize("driven_by", ["do_handshake", "first read"])
+@pytest.mark.parametrize("name", list(VERSIONS))
+def test_a_threaded_server_s_straddler_handshakes_with_the_new_trust(
+    name: str, driven_by: str, ca: trustme.CA, tmp_path: Path
+) -> None:
+    """Threaded servers make the handshake in ``do_handshake`` (Tornado, gunicorn's gthread and gevent workers,
+    ``wrap_socket`` itself for cheroot, through the same method) or let the first read make it (gunicorn's sync
+    worker): either way a straddler's full handshake gets the new trust, and its resumed session is refused before a
+    byte is read."""
+    client_cas = [trustme.CA(), trustme.CA()]
+    cert, key, bundle = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    pair = issue(ca, "localhost")
+    cert.write_bytes(pair.chain)
+    key.write_bytes(pair.key)
+    bundle.write_bytes(client_cas[0].cert_pem.bytes() + client_cas[1].cert_pem.bytes())
+    reloader = Reloader(str(cert), str(key), ca_certs=str(bundle), recipe=make_recipe(str(cert), str(key), str(bundle)))
+    removed, kept = issue(client_cas[0], "removed.example"), issue(client_cas[1], "kept.example")
+    straddled = straddle(name, reloader, ca, [removed, kept])
+    early = [Threaded(reloader.context, driven_by) for _ in range(3)]
 
     trust(bundle, client_cas[1])
     assert reloader.check() is Outcome.RELOADED
-    assert not early.answer(holder, first.session).ok
-    assert not InMemory(reloader.context).answer(holder, first.session).ok
-    newcomer = client(ca, issue(client_cas[1], "client.example"), version, no_ticket)
-    kept.append(InMemory(reloader.context))
-    made_after = kept[2].answer(newcomer)
-    assert made_after.ok and not made_after.resumed
-    kept.append(InMemory(reloader.context))
-    assert kept[3].answer(newcomer, made_after.session).resumed  # sessions made after the change resume
+    assert early[0].answer(straddled.client(kept)) == (True, False), "a still-trusted client's handshake failed"
+    assert not early[1].answer(straddled.client(removed))[0], "the removed CA's client got in on a straddler"
+    ok, resumed = early[2].answer(straddled.client(removed), straddled.sessions[id(removed)])
+    assert resumed, "the straddler did not resume: its refusal shows nothing"
+    assert not ok and early[2].received is None, "a session made before the trust changed was read from"
+    assert isinstance(early[2].error, ssl.SSLError)
+
+
+ONE_WORKER = ("--workers", "1")
+STRADDLE_KINDS = {
+    "sync": (),
+    "tlsreload-uvicorn": ONE_WORKER,
+    "tlsreload-hypercorn": ONE_WORKER,
+    "sanic": ONE_WORKER,
+    "aiohttp": (),
+    "websockets": (),
+    "cheroot": (),
+    "daphne": (),
+}
+"""Kinds a straddler is made on through real sockets (one threaded, one asyncio), with the extra arguments: with one
+uvicorn worker every straddler meets the worker whose session it offers; gunicorn's sync workers, each blocked on
+one straddler, take one each."""
+
+
+def reloads(server: Server) -> int:
+    """How many reloads the server's processes have logged."""
+    return server.output().count("reloaded TLS certificate")
+
+
+def straddlers_after(server: Server, workers: int, change: Callable[[], None], count: int) -> list[socket.socket]:
+    """``count`` connections the server accepts now, whose ClientHello is still to come once ``change`` is done and
+    every one of ``workers`` processes has reloaded."""
+    raws = [socket.create_connection((HOST, server.port), timeout=10) for _ in range(count)]
+    before = reloads(server)
+    change()
+    wait_until(lambda: reloads(server) >= before + workers, DEADLINE, what=f"{workers} reloads\n{server.output()}")
+    return raws
+
+
+def hello_on(raw: socket.socket, ctx: ssl.SSLContext, session: ssl.SSLSession | None = None) -> tuple[bool, bool]:
+    """The ClientHello on ``raw`` now, then ``GET /``: whether the answer was a 200, and whether the session resumed."""
+    resumed = False
+    try:
+        with ctx.wrap_socket(raw, server_hostname="localhost", session=session) as tls:
+            resumed = tls.session_reused
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            response = b""
+            while chunk := tls.recv(65536):
+                response += chunk
+    except (OSError, ssl.SSLError):
+        return False, resumed
+    return response.startswith(b"HTTP/1.1 200"), resumed
+
+
+@pytest.mark.parametrize("kind", list(STRADDLE_KINDS))
+def test_a_server_s_straddlers_handshake_with_the_new_trust(kind: str, ca: trustme.CA, tmp_path: Path) -> None:
+    """Connections a real server accepted before a client-CA change, whose ClientHello comes after every worker
+    reloaded: a full handshake gets the new trust (a still-trusted client in, the removed CA's out); a session
+    resumed from before the change is refused before the request is answered (Twisted resumes none: there the
+    straddler offering one makes a full handshake)."""
+    layout = RenameEachLayout(tmp_path / "tls")
+    place_good(layout.cert_path, layout.key_path, ca)
+    bundle = tmp_path / "clients" / "ca.crt"
+    bundle.parent.mkdir()
+    cas = [trustme.CA() for _ in range(3)]
+    bundle.write_bytes(cas[0].cert_pem.bytes() + cas[1].cert_pem.bytes())
+    removed, kept = (client(ca, issue(c, "client.example"), ssl.TLSVersion.TLSv1_3, False) for c in cas[:2])
+    port = free_port()
+    command = server_kinds.args(kind, port, layout, *STRADDLE_KINDS[kind], client_ca=bundle)
+    workers = 1 if STRADDLE_KINDS[kind] else server_kinds.workers(kind)
+    with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+        sessions_from_every_worker(port, removed, workers)  # the first CA's client gets in before any change
+
+        full = straddlers_after(server, workers, lambda: trust(bundle, cas[1]), 2)  # the first CA removed
+        assert hello_on(full[0], kept) == (True, False), f"{kind}: a still-trusted client's straddler was refused"
+        assert not hello_on(full[1], removed)[0], f"{kind}: the removed CA's client got in on a straddler"
+
+        kept_sessions = sessions_from_every_worker(port, kept, workers)
+        never = (kind, "TLS 1.3") in NEVER_RESUMED
+        assert resumes(port, kept, kept_sessions) != never, f"{kind}: resumes {'now' if never else 'no session'}"
+        offered = next(iter(kept_sessions.values()))
+        two_cas = cas[1].cert_pem.bytes() + cas[2].cert_pem.bytes()
+        resumed = straddlers_after(server, workers, lambda: replace_file(bundle, two_cas), workers)
+        answers = [hello_on(raw, kept, offered) for raw in resumed]
+        assert never or any(was_resumed for _, was_resumed in answers), f"{kind}: no straddler resumed"
+        for ok, was_resumed in answers:
+            assert ok != was_resumed, f"{kind}: a straddler {'resumed' if ok else 'made a full handshake'}: {answers}"

@@ -51,6 +51,7 @@ from tlsreload_plugins.outcome import (
     warn_revocation,
     warn_uncovered,
 )
+from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
 from tlsreload_plugins.settings import resolve_crl, resolve_expiry_warning_days, resolve_interval, resolve_password
 
 # build_context and load_identity: docs/core.md documents them under this module, for start-up checks of one's own.
@@ -101,7 +102,7 @@ _reloaders: weakref.WeakSet[Reloader] = weakref.WeakSet()
 _trust_of: weakref.WeakKeyDictionary[ssl.SSLContext, bytes | None] = weakref.WeakKeyDictionary()
 """The trust (client-CA and CRL bytes: :attr:`Snapshot.trust <tlsreload_plugins.files.Snapshot.trust>`) each context a
 reloader created connections on was built with: a connection created on a context whose trust is no longer the newest
-one's is refused at its ClientHello (see ``Reloader._on_client_hello``)."""
+one's (a straddler) is refused if it resumes a session (see ``Reloader._on_client_hello``)."""
 
 
 def _after_fork_in_child() -> None:
@@ -497,12 +498,14 @@ class Reloader:
         newest context keeps the settings fixed at start (:func:`~tlsreload_plugins.examine.keep_fixed_settings`).
         """
         _trust_of[live] = snapshot.trust
+        check_handshakes(live)
         create_connections_on(live, self._newest_for_a_connection)
 
     def _newest_for_connections(self, context: ssl.SSLContext, snapshot: Snapshot) -> None:
         """Make ``context`` the one new connections are created on (called with the state lock held)."""
         if self._live is not None and context is not self._live:
             _trust_of[context] = snapshot.trust
+            check_handshakes(context)
             callback = context.sni_callback
             context.sni_callback = self._on_client_hello
             self._serving = (context, callback)
@@ -515,10 +518,14 @@ class Reloader:
     def _on_client_hello(self, conn: ssl.SSLObject, server_name: str, live: ssl.SSLContext) -> int | None:
         serving, user_callback = self._serving
         newest = serving or live
-        if newest is not live and live in _trust_of and _trust_of[live] != _trust_of.get(newest, _trust_of[live]):
-            # Created before the client-CA bundle or its CRLs changed: its session cache would resume sessions the
-            # new trust may refuse (a revoked client), and moving it cannot change that. Refused; the client's next
-            # connection gets the newest context.
+        # Created before the client-CA bundle or its CRLs changed (a straddler): its session cache would resume
+        # sessions the new trust may refuse (a revoked client), and moving it cannot change that. Moved like any
+        # other, its full handshake is verified against the newest trust, and its handshake refuses a resumed
+        # session. One whose handshake is not checked so is refused here; the client's next connection gets the newest.
+        straddler = (
+            newest is not live and live in _trust_of and _trust_of[live] != _trust_of.get(newest, _trust_of[live])
+        )
+        if straddler and not refuse_if_resumed(conn):
             return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
         route = self._route
         if route is not None:
@@ -530,6 +537,8 @@ class Reloader:
                 if not self._switch_failed_logged:
                     self._switch_failed_logged = True
                     log.error("cannot move a connection onto the new certificate (%s): %r", type(conn).__name__, e)
+                if straddler:  # its full handshake would be verified against the old trust
+                    return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
                 newest, user_callback = live, None
         if user_callback is not None:
             return user_callback(conn, server_name, newest)

@@ -31,6 +31,7 @@ from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader, create_connections_on
+from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.lifespan import register, reloaders
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve, start_reloader
@@ -228,8 +229,9 @@ def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
     keeps its first context's protocol bounds, options and verify mode: the first certificate's, here.
 
     Each reload makes a new selector that new connections are created on (its own session cache: no session made
-    before the reload resumes after it, whatever the client-CA bundles became), and the one it replaces refuses
-    the ClientHello of a connection created on it before the reload (which would resume from its cache)."""
+    before the reload resumes after it, whatever the client-CA bundles became). A connection created on the one it
+    replaces whose ClientHello comes after the reload gets the newest selector's context, and its handshake refuses
+    a session resumed from the old selector's cache (:mod:`tlsreload_plugins.resumption`)."""
     # Sanic raises ValueError for a certificate with no names to select it by: a failed start, one line.
     first = _Selector([None] * strict + [reloader.newest_context for reloader in made])
     current, select = [first], first.sni_callback  # Sanic's: picks the context by server name
@@ -240,19 +242,23 @@ def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
         following.sanic_select = [reloader.newest_context for reloader in made]
         following.sanic_fallback = None if strict else following.sanic_select[0]
         keep_fixed_settings(made[0].newest_context, following)
+        check_handshakes(following)
         replaced, current[0] = current[0], following
-        replaced.sni_callback = _refuse_hello
+        replaced.sni_callback = straddled
+
+    def straddled(conn: ssl.SSLObject, server_name: str, replaced: ssl.SSLContext) -> int | None:
+        """The ClientHello callback of a selector a reload replaced: a connection created on it before the reload."""
+        if select is None or not refuse_if_resumed(conn):
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
+        result: int | None = select(conn, server_name, current[0])
+        return result
 
     keep_fixed_settings(made[0].newest_context, first)
+    check_handshakes(first)
     create_connections_on(first, lambda: current[0])
     for reloader in made:
         reloader.add_callbacks(on_reload=follow)
     return first
-
-
-def _refuse_hello(conn: ssl.SSLObject, server_name: str, context: ssl.SSLContext) -> int:
-    """The ClientHello callback of a selector a reload replaced: a connection created on it before the reload."""
-    return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
 
 
 def _route_logs() -> None:

@@ -150,18 +150,28 @@ def _recipe_for(
     return build
 
 
-def _sni_router(default: list[Reloader]) -> Callable[[Connection], None]:
-    """pyOpenSSL's servername callback: moves a connection onto the SNI identity serving its server name."""
+def _sni_router(default: list[Reloader], by_name: bool) -> Callable[[Connection], None]:
+    """pyOpenSSL's servername callback (OpenSSL calls it on every ClientHello): moves a connection onto the SNI
+    identity serving its server name (``by_name``), else onto the newest context. A connection accepted before a
+    reload whose ClientHello comes after it (a straddler) is created on the context that was newest when it was
+    accepted; moved, its client certificate is verified against the newest client-CA bundle and CRLs. (Twisted's
+    ``ssl:`` contexts keep no sessions: none resumes from the older context.)"""
 
     def on_server_name(connection: Connection) -> None:
         try:
-            name = connection.get_servername()
-            identities = sni.for_reloader(default[0]) if default else None
-            context = identities.context_for(name.decode("ascii")) if identities is not None and name else None
+            context = None
+            if by_name:
+                name = connection.get_servername()
+                identities = sni.for_reloader(default[0]) if default else None
+                context = identities.context_for(name.decode("ascii")) if identities is not None and name else None
+            if context is None and default:
+                context = default[0].newest_context
             if context is not None:
-                connection.set_context(_options[context].getContext())
-        except Exception:  # the default identity answers rather than a failed handshake
-            log.exception("cannot route a TLS connection by its server name; the default certificate answers")
+                target = _options[context].getContext()
+                if connection.get_context() is not target:
+                    connection.set_context(target)
+        except Exception:  # the context it was accepted on answers rather than a failed handshake
+            log.exception("cannot move a TLS connection onto the newest or its server name's context")
 
     return on_server_name
 
@@ -218,7 +228,7 @@ def reloading_endpoint(reactor: Any, *args: str, **kwargs: str) -> Any:
     password = resolve_password(password_file(ours["keyPasswordFile"]) if ours.get("keyPasswordFile") else None)
     _route_logs()
     default: list[Reloader] = []  # filled below: the router reads it on each handshake
-    router = _sni_router(default) if resolve_directories(settings.sni) else None
+    router = _sni_router(default, by_name=bool(resolve_directories(settings.sni)))
     recipe_for = _recipe_for(tls, str(port), password, own_chain=True)
     recipe = _recipe_for(tls, str(port), password, router)
     try:

@@ -1,0 +1,142 @@
+"""Connections whose handshake refuses a session resumed from before a change of what the server trusts.
+
+A resumed TLS session skips certificate verification, and OpenSSL resumes from the session cache and ticket keys of
+the context a connection was *created* on. A connection created before the client-CA bundle or its CRLs changed,
+whose ClientHello arrives after the change (a straddler), would resume a session made under the old trust. Its
+full handshake is harmless once the ClientHello callback has moved it onto the newest context (the client
+certificate is then verified against the newest CA store and CRLs); only a resumed session must be refused.
+
+Whether a session was resumed is known only once the handshake has completed, so the contexts connections are
+created on get connection classes (:attr:`ssl.SSLContext.sslsocket_class`, :attr:`ssl.SSLContext.sslobject_class`)
+whose ``do_handshake`` checks it before returning: a straddler's resumed session raises :class:`ssl.SSLError` and
+the connection is closed before the server reads a byte of it. Their ``read``, ``write`` and ``send`` run
+``do_handshake`` first while the handshake is not done, so a server that lets the first read make the handshake
+(gunicorn's ``sync`` worker) goes through the same check. A straddler whose handshake is not run by such a
+``do_handshake`` (a connection class of someone else's) is refused at its ClientHello instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from typing import Any
+
+__all__ = ["check_handshakes", "refuse_if_resumed"]
+
+log = logging.getLogger("tlsreload_plugins.resumption")
+
+
+class Straddled(ssl.SSLError):
+    """A session resumed on a connection created before a change of what the server trusts: refused."""
+
+
+class _HandshakeChecked:
+    """What the checking connection classes add to a connection class (first in their bases)."""
+
+    _tlsreload_in_handshake = False
+    """Whether the handshake runs inside this class's ``do_handshake`` now (the ClientHello callback asks)."""
+    _tlsreload_straddler = False
+    """Whether the ClientHello callback found the connection created on a context of an older trust."""
+    _tlsreload_done = False
+    """Whether the handshake has completed and passed the check: reads and writes go straight through."""
+    _tlsreload_refused = False
+
+    def do_handshake(self, *args: Any, **kwargs: Any) -> Any:
+        if self._tlsreload_refused:
+            raise Straddled(ssl.SSL_ERROR_SSL, "a session resumed across a trust change was refused")
+        self._tlsreload_in_handshake = True
+        try:
+            result = super().do_handshake(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._tlsreload_in_handshake = False
+        if self._tlsreload_straddler and self.session_reused:  # type: ignore[attr-defined]
+            self._tlsreload_refused = True
+            log.debug("refused a TLS session resumed on a connection created before the trust changed")
+            close = getattr(self, "close", None)
+            if close is not None:  # a socket; an SSLObject's transport is closed by its server on the error
+                close()
+            raise Straddled(ssl.SSL_ERROR_SSL, "a session resumed across a trust change was refused")
+        self._tlsreload_done = True
+        return result
+
+    def _tlsreload_handshake_first(self) -> None:
+        # A read or write before the handshake completed would make it inside OpenSSL, unchecked.
+        if not self._tlsreload_done:
+            self.do_handshake()
+
+    def read(self, *args: Any, **kwargs: Any) -> Any:
+        self._tlsreload_handshake_first()
+        return super().read(*args, **kwargs)  # type: ignore[misc]
+
+    def write(self, *args: Any, **kwargs: Any) -> Any:
+        self._tlsreload_handshake_first()
+        return super().write(*args, **kwargs)  # type: ignore[misc]
+
+
+class _SocketChecked(_HandshakeChecked):
+    """What the checking socket classes add: ``send`` writes without ``write`` (CPython's, gevent's)."""
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        self._tlsreload_handshake_first()
+        return super().send(*args, **kwargs)  # type: ignore[misc]
+
+
+_checking: dict[type, type] = {}
+"""The checking subclass made for each connection class (gevent's SSLContext has its own socket class)."""
+_checking_lock = threading.Lock()
+
+
+def _checking_class(base: type, mixin: type) -> type:
+    if issubclass(base, _HandshakeChecked):
+        return base
+    with _checking_lock:
+        made = _checking.get(base)
+        if made is None:
+            made = _checking[base] = type(f"HandshakeChecked{base.__name__}", (mixin, base), {})
+        return made
+
+
+def check_handshakes(context: ssl.SSLContext) -> None:
+    """Have the connections ``context`` creates check, once their handshake completed, that a straddler did not
+    resume a session (see :func:`refuse_if_resumed`): its connection classes become checking subclasses of its
+    current ones (made once per class). Idempotent; quick.
+
+    Args:
+        context: a context connections are created on (a reloader's newest, Sanic's certificate selector).
+
+    Example::
+
+        context = recipe()
+        check_handshakes(context)
+        create_connections_on(server_context, lambda: context)
+    """
+    socket_class = context.sslsocket_class
+    if not issubclass(socket_class, _HandshakeChecked):
+        context.sslsocket_class = _checking_class(socket_class, _SocketChecked)
+    object_class = context.sslobject_class
+    if not issubclass(object_class, _HandshakeChecked):
+        context.sslobject_class = _checking_class(object_class, _HandshakeChecked)
+
+
+def refuse_if_resumed(conn: Any) -> bool:
+    """For a ClientHello callback that found ``conn`` created on a context of an older trust (a straddler): have
+    its handshake refuse it if it resumes a session, once the handshake completed, before a byte is read.
+
+    Args:
+        conn: the connection the ClientHello callback was given (an SSLObject or SSLSocket).
+
+    Returns:
+        ``True`` when its handshake will be checked so (the callback may move it onto the newest context, where a
+        full handshake is verified against the newest trust); ``False`` when its handshake does not run inside a
+        checking ``do_handshake`` (another connection class): the callback must refuse it itself.
+
+    Example::
+
+        if straddler and not refuse_if_resumed(conn):
+            return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
+    """
+    if not isinstance(conn, _HandshakeChecked) or not conn._tlsreload_in_handshake:
+        return False
+    conn._tlsreload_straddler = True
+    return True

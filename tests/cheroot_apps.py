@@ -5,6 +5,7 @@ our lines go to stderr with their level (cheroot has no logger of its own)."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import ssl
@@ -18,6 +19,9 @@ from tlsreload_plugins.serving.start import CannotServe
 
 
 def leave(signum: int, frame: object) -> None:
+    # Where every thread is, on stderr, if the stop takes longer than the tests wait for it (a cheroot server once
+    # did not stop within 20 s of SIGTERM, and nothing said where it was).
+    faulthandler.dump_traceback_later(15)
     raise SystemExit(0)  # safe_start() stops the server, then re-raises
 
 

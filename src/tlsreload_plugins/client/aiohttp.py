@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp.connector import Connection
 
-from tlsreload_plugins.client.identity import ClientIdentity, Presented
+from tlsreload_plugins.client.identity import ClientIdentity
 from tlsreload_plugins.client.pools import DEFAULT_RETIRE_AFTER, Pools
 
 if TYPE_CHECKING:
@@ -94,19 +93,7 @@ class ReloadingConnector(aiohttp.BaseConnector):
         self._pools: Pools[aiohttp.TCPConnector] = Pools(self._make, retire_after)
         self._closing: set[asyncio.Task[None]] = set()
         self._event_loop = asyncio.get_running_loop()
-        reference = weakref.ref(self)
-
-        def on_change(presented: Presented) -> None:
-            connector = reference()
-            if connector is not None:
-                connector._close_soon(connector._pools.renew(presented.generation))
-
-        def on_check(presented: Presented) -> None:
-            connector = reference()
-            if connector is not None and connector._pools.retired:
-                connector._close_soon(connector._pools.overdue())
-
-        self._unsubscribe = (identity.subscribe(on_change), identity.subscribe(on_check, every_check=True))
+        self._unsubscribe = self._pools.follow(identity, self._close_soon)
 
     def _make(self, generation: int) -> aiohttp.TCPConnector:
         return aiohttp.TCPConnector(ssl=self.identity.context, **self._options)
@@ -142,8 +129,7 @@ class ReloadingConnector(aiohttp.BaseConnector):
 
     async def close(self, *, abort_ssl: bool = False) -> None:
         """Close every generation's connector and their connections; the identity's subscriptions end."""
-        for unsubscribe in self._unsubscribe:
-            unsubscribe()
+        self._unsubscribe()
         await super().close()
         await _close_all(self._pools.close())
         if self._closing:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +26,7 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
         "pip install 'tlsreload-plugins[grpc]'"
     ) from e
 
-from tlsreload_plugins.client.identity import ClientIdentity, Presented
+from tlsreload_plugins.client.identity import ClientIdentity
 from tlsreload_plugins.client.pools import DEFAULT_RETIRE_AFTER, Pools
 from tlsreload_plugins.files import Snapshot
 
@@ -135,19 +134,7 @@ class _Channels:
         _refuse_password(identity)
         self.identity = identity
         self._pools: Pools[Any] = Pools(self._make, retire_after)
-        reference = weakref.ref(self)
-
-        def on_change(presented: Presented) -> None:
-            channels = reference()
-            if channels is not None:
-                channels._close_now(channels._pools.renew(presented.generation))
-
-        def on_check(presented: Presented) -> None:
-            channels = reference()
-            if channels is not None and channels._pools.retired:
-                channels._close_now(channels._pools.overdue())
-
-        self._unsubscribe = (identity.subscribe(on_change), identity.subscribe(on_check, every_check=True))
+        self._unsubscribe = self._pools.follow(identity, self._close_now)
 
     def _make(self, generation: int) -> Any:
         raise NotImplementedError
@@ -174,8 +161,7 @@ class _Channels:
         return self._pools.retired
 
     def _stop(self) -> list[Any]:
-        for unsubscribe in self._unsubscribe:
-            unsubscribe()
+        self._unsubscribe()
         return self._pools.close()
 
 

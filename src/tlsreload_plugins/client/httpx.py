@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 
-from tlsreload_plugins.client.identity import ClientIdentity, Presented
+from tlsreload_plugins.client.identity import ClientIdentity
 from tlsreload_plugins.client.pools import DEFAULT_RETIRE_AFTER, Pools
 
 __all__ = ["AsyncReloadingTransport", "ReloadingTransport"]
@@ -90,19 +89,7 @@ class ReloadingTransport(httpx.BaseTransport):
         self.identity = identity
         self._options = options
         self._pools: Pools[httpx.HTTPTransport] = Pools(self._make, retire_after)
-        reference = weakref.ref(self)
-
-        def on_change(presented: Presented) -> None:
-            transport = reference()
-            if transport is not None:
-                _close_all(transport._pools.renew(presented.generation))
-
-        def on_check(presented: Presented) -> None:
-            transport = reference()
-            if transport is not None:
-                _close_all(transport._pools.overdue())
-
-        self._unsubscribe = (identity.subscribe(on_change), identity.subscribe(on_check, every_check=True))
+        self._unsubscribe = self._pools.follow(identity, _close_all)
 
     def _make(self, generation: int) -> httpx.HTTPTransport:
         return httpx.HTTPTransport(verify=self.identity.context, **self._options)
@@ -121,8 +108,7 @@ class ReloadingTransport(httpx.BaseTransport):
         return response
 
     def close(self) -> None:
-        for unsubscribe in self._unsubscribe:
-            unsubscribe()
+        self._unsubscribe()
         _close_all(self._pools.close())
 
     @property
@@ -160,19 +146,7 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
         self._closing: set[asyncio.Task[None]] = set()
         self._pending: list[httpx.AsyncHTTPTransport] = []
         self._pending_lock = threading.Lock()  # the checking thread adds, the loop takes
-        reference = weakref.ref(self)
-
-        def on_change(presented: Presented) -> None:
-            transport = reference()
-            if transport is not None:
-                transport._close_soon(transport._pools.renew(presented.generation))
-
-        def on_check(presented: Presented) -> None:
-            transport = reference()
-            if transport is not None and transport._pools.retired:
-                transport._close_soon(transport._pools.overdue())
-
-        self._unsubscribe = (identity.subscribe(on_change), identity.subscribe(on_check, every_check=True))
+        self._unsubscribe = self._pools.follow(identity, self._close_soon)
 
     def _make(self, generation: int) -> httpx.AsyncHTTPTransport:
         return httpx.AsyncHTTPTransport(verify=self.identity.context, **self._options)
@@ -222,8 +196,7 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        for unsubscribe in self._unsubscribe:
-            unsubscribe()
+        self._unsubscribe()
         await _aclose_all([*self._take_pending(), *self._pools.close()])
 
     @property

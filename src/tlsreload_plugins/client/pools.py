@@ -11,11 +11,15 @@ on its event loop).
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from tlsreload_plugins.client.identity import ClientIdentity, Presented
 
 __all__ = ["DEFAULT_RETIRE_AFTER", "Pools"]
 
@@ -105,6 +109,38 @@ class Pools(Generic[P]):
                 self._retire(current)
                 self._current = None
             return self._idle_or_overdue()
+
+    def follow(self, identity: ClientIdentity, close: Callable[[list[P]], object]) -> Callable[[], None]:
+        """Have ``identity``'s checking thread retire the current pool when it changes (:meth:`renew`) and hand
+        what is idle or overdue to ``close`` after every check (:meth:`overdue`): idle connections close without
+        waiting for a request. Neither these pools nor ``close``'s object (when it is a bound method) are kept
+        alive by the subscriptions: a client nobody holds is collected.
+
+        Returns:
+            A function that ends both subscriptions.
+        """
+        pools = weakref.ref(self)
+        closer: Callable[[], Callable[[list[P]], object] | None]
+        closer = weakref.WeakMethod(close) if inspect.ismethod(close) else (lambda: close)
+
+        def act(decide: Callable[[Pools[P]], list[P]]) -> None:
+            held, close_them = pools(), closer()
+            if held is not None and close_them is not None:
+                close_them(decide(held))
+
+        def on_change(presented: Presented) -> None:
+            act(lambda held: held.renew(presented.generation))
+
+        def on_check(presented: Presented) -> None:
+            act(lambda held: held.overdue() if held.retired else [])
+
+        subscriptions = (identity.subscribe(on_change), identity.subscribe(on_check, every_check=True))
+
+        def unsubscribe() -> None:
+            for end in subscriptions:
+                end()
+
+        return unsubscribe
 
     def release(self, pool: P) -> list[P]:
         """A request through ``pool`` is done (its response read or closed). Returns the pools to close now."""

@@ -4,11 +4,13 @@ reloader routes handshakes by server name, and real clients sending different na
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 import socket
 import ssl
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -183,6 +185,35 @@ def test_an_exact_name_beats_a_wildcard_one_label_deep(tmp_path: Path, ca: trust
         assert sni_serial(s.port, ctx, "api.example.test") == wild.serial
         assert sni_serial(s.port, any_name, "example.test") == s.default.serial
         assert sni_serial(s.port, any_name, "a.b.example.test") == s.default.serial
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared-store"])
+def test_an_exact_identity_removed_hands_its_names_to_the_wildcard_without_a_failed_handshake(
+    tmp_path: Path, ca: trustme.CA, shared: bool
+) -> None:
+    """As gunicorn's workers run it (``shared``), the identities' bytes are in the store the workers share."""
+    sni = tmp_path / "sni"
+    wild = install(KubeletLayout(sni / "wild"), issue(ca, "*.example.test"))
+    install(KubeletLayout(sni / "www"), issue(ca, "www.example.test"))
+    store = SharedStore() if shared else None
+    with sni_server(tmp_path, ca, str(sni), store=store) as s:
+        ctx = verifying(ca)
+        # A handshake that looked the name up just before the identity went still gets that identity's certificate.
+        looked_up = s.identities.reloader_for("www.example.test")
+        assert looked_up is not None
+        with NameHammer(s.port, ctx, ["www.example.test", "www.example.test"]) as hammer:
+            wait_until(lambda: hammer.successes > 10, DEADLINE, what="handshakes before the removal")
+            _remove_tree(sni / "www")
+            wait_until(lambda: sni_serial(s.port, ctx, "www.example.test") == wild.serial, DEADLINE, what="www gone")
+            seen = hammer.successes
+            wait_until(lambda: hammer.successes > seen + 10, DEADLINE, what="handshakes after the removal")
+        assert hammer.failures == []
+        assert looked_up.newest_context is not None
+        # Nothing else keeps the removed identity, nor its context.
+        gone = weakref.ref(looked_up)
+        del looked_up
+        gc.collect()
+        assert gone() is None
 
 
 def test_internationalized_names_match_in_a_label_form(tmp_path: Path, ca: trustme.CA) -> None:

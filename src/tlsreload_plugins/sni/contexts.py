@@ -96,11 +96,11 @@ class ContextCache:
         return {reloader: why for reloader, (sha, why) in list(self._refused.items()) if sha == reloader.leaf.sha256}
 
     def forget(self, reloader: Reloader) -> None:
-        """Drop ``reloader`` (an identity removed) and its context."""
+        """Stop counting ``reloader`` (an identity removed). Its context is left to it, and goes when it goes:
+        a handshake that looked the identity up just before its removal still gets that context."""
         with self._lock:
             self._recent.pop(reloader, None)
         self._refused.pop(reloader, None)
-        reloader.release_context()
 
     def __len__(self) -> int:
         """How many contexts are kept."""

@@ -115,6 +115,7 @@ class SNIIdentities:
         self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
         self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
         self._missing: set[str] = set()
+        self._removed: dict[str, Reloader] = {}  # identities removed by this check, forgotten once the table is swapped
         self._pending: dict[str, str] = {}
         self._directories_missing: set[str] = set()
         self._shadowed_logged: set[str] = set()
@@ -261,6 +262,12 @@ class SNIIdentities:
             self._kept_ahead.clear()
             if rebuild:
                 self._rebuild()
+            for name, reloader in self._removed.items():
+                # Only now that no handshake is routed to it: one routed by the old table still gets its context.
+                if self.store is not None:
+                    self.store.forget(name)
+                self._contexts.forget(reloader)
+            self._removed = {}
             if self.export_metrics and (rebuild or self._reported != (len(self._identities), len(self._unserved))):
                 self._reported = (len(self._identities), len(self._unserved))
                 metrics.report_sni(self.summary())
@@ -342,10 +349,11 @@ class SNIIdentities:
                 self._missing.add(name)
             else:
                 self._missing.discard(name)
-                log.info("SNI identity %s removed: its names now get the default certificate", name)
-                if self.store is not None:
-                    self.store.forget(name)
-                self._contexts.forget(reloader)
+                log.info(
+                    "SNI identity %s removed: its names now go to another identity listing them, or to the default",
+                    name,
+                )
+                self._removed[name] = reloader
                 continue
             served[name] = reloader
         for name in [*self._pending, *self._unserved]:

@@ -38,7 +38,14 @@ async def respond_pid(send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-WATCHED = ("asyncio", "cryptography", "prometheus_client", "tlsreload_plugins.sni", "tlsreload_plugins.metrics")
+WATCHED = (
+    "asyncio",
+    "cryptography",
+    "prometheus_client",
+    "tlsreload_plugins.sni",
+    "tlsreload_plugins.metrics",
+    "tlsreload_plugins.sources",
+)
 """Modules whose presence the ``*_modules`` apps report: what a worker model does not need must not be loaded."""
 
 

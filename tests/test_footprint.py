@@ -118,7 +118,8 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
         for loaded in at_start.values():
             assert "cryptography" not in loaded, loaded
             assert "prometheus_client" not in loaded, loaded
-            assert not loaded & {"tlsreload_plugins.sni", "tlsreload_plugins.metrics"}, loaded  # neither configured
+            not_configured = {"tlsreload_plugins.sni", "tlsreload_plugins.metrics", "tlsreload_plugins.sources"}
+            assert not loaded & not_configured, loaded
             assert ("asyncio" in loaded) == (not server.endswith("trio")), loaded
         # A rotation: every worker serves it on the parent's verdict, still without cryptography.
         layout.install(second)
@@ -141,7 +142,7 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
         assert running.proc.poll() is None, running.output()
     for loaded in [*after.values(), *replaced.values()]:
         assert "cryptography" not in loaded, loaded
-        assert not loaded & {"tlsreload_plugins.sni", "tlsreload_plugins.metrics"}, loaded
+        assert not loaded & {"tlsreload_plugins.sni", "tlsreload_plugins.metrics", "tlsreload_plugins.sources"}
     out = running.output()
     assert "Traceback" not in out
     refusals = [line for line in out.splitlines() if "certificate reload failed" in line or LAST_GOOD in line]
@@ -151,9 +152,17 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
 def test_the_core_imports_no_cryptography_until_it_parses(tmp_path: Path) -> None:
     import subprocess
 
-    watched = ("asyncio", "cryptography", "prometheus_client", "tlsreload_plugins.sni", "tlsreload_plugins.metrics")
+    watched = (
+        "asyncio",
+        "cryptography",
+        "prometheus_client",
+        "tlsreload_plugins.sni",
+        "tlsreload_plugins.metrics",
+        "tlsreload_plugins.sources",
+    )
     code = (
-        "import sys, tlsreload_plugins, tlsreload_plugins.uvicorn, tlsreload_plugins.hypercorn;"
+        "import sys, tlsreload_plugins, tlsreload_plugins.uvicorn, tlsreload_plugins.hypercorn,"
+        " tlsreload_plugins.gunicorn;"
         f"print(sorted(m for m in {watched!r} if m in sys.modules));"
         # The package's public names load on first use, SNIIdentities with the SNI machinery.
         "from tlsreload_plugins import Reloader, SNIIdentities, fresh_context;"
@@ -162,7 +171,8 @@ def test_the_core_imports_no_cryptography_until_it_parses(tmp_path: Path) -> Non
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     glue, public = result.stdout.splitlines()
     # The glue imports its server where it runs it (asyncio comes with uvicorn and hypercorn); our modules add no
-    # cryptography, no prometheus_client, and neither the SNI machinery nor the metrics module until they are used.
+    # cryptography, no prometheus_client, and neither the SNI machinery, the metrics module nor SPIFFE's source
+    # until they are used.
     assert glue in ("[]", "['asyncio']"), result.stdout
     assert "tlsreload_plugins.sni" in public and "cryptography" not in public, result.stdout
 

@@ -22,7 +22,7 @@ import shlex
 import ssl
 import sys
 from collections.abc import Callable, MutableMapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
@@ -33,12 +33,13 @@ from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
-from tlsreload_plugins.serving.spiffe import start_source
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import glue_for, prepare_worker_class, running_here, serve_in_worker, stop_here
 from tlsreload_plugins.serving.workers import reloaders_here as reloaders
 from tlsreload_plugins.settings import resolve_password, resolve_spiffe
-from tlsreload_plugins.sources.spiffe import SpiffeSource
+
+if TYPE_CHECKING:  # imported where SPIFFE is configured, not by every worker
+    from tlsreload_plugins.sources.spiffe import SpiffeSource
 
 __all__ = ["add_reload", "reloaders", "worker_reloader"]
 
@@ -202,6 +203,8 @@ def _start_source(cfg: Any, spiffe: str) -> None:
     given = [name for name in ("certfile", "keyfile", "ca_certs") if getattr(cfg, name)]
     if given:
         raise CannotServe(f"tls_spiffe takes the certificate, key and CA bundle from SPIFFE: drop {given[0]}")
+    from tlsreload_plugins.serving.spiffe import start_source  # its gRPC stream reader: only where SPIFFE is used
+
     _spiffe = _spiffe or start_source(spiffe)
     _use_source(cfg)
 

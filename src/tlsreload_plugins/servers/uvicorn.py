@@ -30,7 +30,6 @@ from tlsreload_plugins.serving.configured import (
 )
 from tlsreload_plugins.serving.lifespan import TLSReloadLifespan, reloaders, reloading_certificates
 from tlsreload_plugins.serving.options import click_settings, with_tls_options
-from tlsreload_plugins.serving.spiffe import start_source
 from tlsreload_plugins.serving.start import Settings, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import ReloaderMaker, waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password, resolve_spiffe
@@ -195,6 +194,8 @@ def _run(
     given = [f"--{name.replace('_', '-')}" for name in NAMES[:3] if options.get(name)]
     if given:
         raise click.UsageError(f"--tls-spiffe takes the certificate, key and CA bundle from SPIFFE: drop {given[0]}")
+    from tlsreload_plugins.serving.spiffe import start_source  # its gRPC stream reader: only where SPIFFE is used
+
     with exit_if_cannot_serve(STARTUP_FAILURE):
         source = start_source(spiffe)
     with source:  # in the supervisor: the workers read its files (and the last good store), never the stream

@@ -60,6 +60,38 @@ def test_a_shared_store_written_by_a_forked_child_is_read_by_its_parent(ca: trus
     assert store.read("elsewhere") is None
 
 
+@pytest.mark.parametrize("rewrites", [1, 2])
+def test_a_handshake_reads_the_last_look_and_never_decodes_a_table(ca: trustme.CA, rewrites: int) -> None:
+    """``known()``, what an SNI identity's first handshake builds from, gives what this process last took in, while
+    another process rewrote the table since (decoding a rewritten table of ten thousand identities takes tens of
+    milliseconds, too long for a ClientHello callback); ``look()``, which a check calls, takes the rewrite in. Two
+    rewrites overwrite the region looked at: nothing is known then (the next check catches up)."""
+    store = SharedStore(region_bytes=16 * 1024)  # a few writes outgrow it: the table is rewritten
+    first, second, third = issue(ca), issue(ca), issue(ca)
+    store.write(snapshot_of(first), "a")
+    assert store.known("a") == ((first.chain, first.key, None, None), None)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            flips, region = 0, newest_region(store)
+            for i in range(1000):
+                store.write(snapshot_of(third if i % 2 else second), "b")
+                if newest_region(store) != region:
+                    flips, region = flips + 1, newest_region(store)
+                    if flips == rewrites:
+                        break
+            store.write(snapshot_of(second), "a")
+            code = 0 if flips == rewrites else 2
+        finally:
+            os._exit(code)
+    assert wait_for_child(pid) == 0
+    expected = ((first.chain, first.key, None, None), None) if rewrites == 1 else None
+    assert store.known("a") == expected
+    store.look()
+    assert store.known("a") == ((second.chain, second.key, None, None), None)
+
+
 def newest_region(store: SharedStore) -> int:
     return max((0, 1), key=store._generation)
 

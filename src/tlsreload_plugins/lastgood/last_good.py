@@ -59,20 +59,19 @@ log = logging.getLogger("tlsreload_plugins.lastgood")
 
 def bytes_to_build(files: TLSFiles, served: str, last_good: LastGood | None) -> Snapshot | None:
     """What an on-demand reloader that keeps no copy of the bytes it serves builds its context from, taken from
-    ``last_good``'s store alone: it runs inside a ClientHello callback, so no file is read and nothing validated.
-    The bytes whose fingerprint is ``served``; else, when the store moved past them (another process of the
-    server validated newer ones, which this one's check has yet to take), those newer bytes, valid by the verdict
-    kept beside them; else ``None``."""
+    ``last_good``'s store as this process last looked at it (:meth:`SharedStore.known`): it runs inside a
+    ClientHello callback, so no file is read, nothing validated, and what other processes wrote since is left for
+    the next check to take in. The bytes whose fingerprint is ``served``; else, when the store had moved past them
+    (another process of the server validated newer ones, which this one's check has yet to take), those newer
+    bytes, valid by the verdict kept beside them; else ``None``."""
     if last_good is None:
         return None
-    parts = last_good.store.read(last_good.name)
-    if parts is None:
+    kept = last_good.store.known(last_good.name)
+    if kept is None:
         return None
-    kept = Snapshot(files, *parts)
-    if fingerprint(kept) == served:
-        return kept
-    judged = last_good.store.verdict(last_good.name)
-    return Snapshot(files, *judged[0]) if judged is not None and judged[0] == parts else None
+    parts, leaf = kept
+    snapshot = Snapshot(files, *parts)
+    return snapshot if fingerprint(snapshot) == served or leaf is not None else None
 
 
 class NotJudged(InvalidIdentity):

@@ -269,6 +269,23 @@ class SharedStore:
         kept = self._kept(name)
         return None if kept is None or kept[1] is None else (kept[0], kept[1])
 
+    def look(self) -> None:
+        """Take in what the server's other processes wrote since this one last looked (a table rewritten whole:
+        its index decoded, tens of milliseconds at ten thousand identities), so that :meth:`known` finds it. Off
+        the event loop: a check calls it."""
+        self._current()
+
+    def known(self, name: str = DEFAULT) -> Kept | None:
+        """What is kept for ``name`` as this process last looked (:meth:`look`, or any read or write), with the leaf
+        its validation found: nothing decoded, hashed or taken in but that identity's bytes, for a ClientHello
+        callback. ``None`` when nothing is, or when the region it lay in was rewritten since (two rewrites of the
+        table since that look)."""
+        region, generation, located = self._cached
+        if not isinstance(located, Index) or self._generation(region) != generation:
+            return None
+        found = located.contents(self._map, name)
+        return found if self._generation(region) == generation else None  # not rewritten while copied out
+
     def verdicts_on(self, identities: Mapping[str, Parts]) -> dict[str, Leaf]:
         """The leaf kept for each name of ``identities`` (name: its bytes) whose bytes are exactly those kept for it,
         by name, found in one look at the table and compared in place (nothing copied out of the shared memory)."""

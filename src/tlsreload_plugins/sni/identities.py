@@ -223,6 +223,9 @@ class SNIIdentities:
         reloader's check, in their worker thread. Never raises for bad files."""
         with self._lock:
             offload = gevent_offload()
+            if self.store is not None:
+                # What the other processes wrote, taken in here rather than by a handshake building a context.
+                self.store.look()
             self._note_directories()
             tick = self._tracker.tick(also=self._again)
             found = tick.found

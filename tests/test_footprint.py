@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from gunicorn_apps import WATCHED
 from test_hypercorn import unless_hypercorn_left_on_hup
 from tlstest import HOST, KubeletLayout, client_context, free_port, get, issue, run_server, wait_until
 
@@ -152,14 +153,7 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
 def test_the_core_imports_no_cryptography_until_it_parses(tmp_path: Path) -> None:
     import subprocess
 
-    watched = (
-        "asyncio",
-        "cryptography",
-        "prometheus_client",
-        "tlsreload_plugins.sni",
-        "tlsreload_plugins.metrics",
-        "tlsreload_plugins.sources",
-    )
+    watched = WATCHED
     code = (
         "import sys, tlsreload_plugins, tlsreload_plugins.uvicorn, tlsreload_plugins.hypercorn,"
         " tlsreload_plugins.gunicorn;"

@@ -1,20 +1,22 @@
 """What a check decided, and when a problem is reported: :class:`Outcome`, :class:`Status`,
-:class:`Settling` and :func:`warn_expiry`.
+:class:`Settling`, :class:`Record` and :func:`warn_expiry`.
 
-Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Reloader` returns an
-:class:`Outcome` from every check, hands out its state as a :class:`Status`, asks its
-:class:`Settling` whether a bad content is reported now, and :func:`warn_expiry` whether the served
-certificate's expiry is (:func:`warn_revocation`: when the served CRLs' is, :func:`warn_uncovered`: which CAs
-have none).
+Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Reloader` (and a client's
+:class:`~tlsreload_plugins.client.identity.ClientIdentity`) returns an :class:`Outcome` from every check, keeps
+what its checks found in a :class:`Record` (handed out as a :class:`Status`), whose :class:`Settling` says whether
+a bad content is reported now, and :func:`warn_expiry` whether the served certificate's expiry is
+(:func:`warn_revocation`: when the served CRLs' is, :func:`warn_uncovered`: which CAs have none).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.identity import Leaf
 
@@ -81,6 +83,139 @@ class Settling:
         was_reported = self.reported is not None
         self.pending = self.reported = None
         return was_reported
+
+
+Notice = tuple[list[Callable[..., object]], tuple[Any, ...]]
+"""Calls decided under a state lock, made after it is released: the callables and their arguments."""
+
+
+class Record:
+    """What the checks of one identity found and what they are to tell: the counters and last error a
+    :class:`Status` shows, the :class:`Settling` of failures, the lines a failure and a recovery log (once per
+    distinct problem), and the callbacks (``on_reload(old_leaf, new_leaf)``, ``on_failure(error)``,
+    ``on_check(outcome, status)``). The calls are decided under the owner's state lock (:meth:`notify`) and made
+    once it is released (:meth:`deliver`), so that a callback may read ``status()``.
+
+    ``log``, ``noun`` and ``verb`` word the lines, as in "certificate reload failed, still serving serial ...".
+    Held by a :class:`~tlsreload_plugins.reloader.Reloader` and a client's
+    :class:`~tlsreload_plugins.client.identity.ClientIdentity`; its state is their state lock's. No I/O.
+
+    Example: ``record = Record(log, "certificate", "serving", time.time())``; in a check,
+    ``outcome = record.failed(key, error, settle, logging.WARNING, leaf)``, then ``record.deliver(record.take())``.
+    """
+
+    __slots__ = (
+        "checks",
+        "failures",
+        "last_error",
+        "last_reload",
+        "last_success",
+        "log",
+        "notices",
+        "noun",
+        "on_check",
+        "on_failure",
+        "on_reload",
+        "reloads",
+        "settling",
+        "verb",
+    )
+
+    def __init__(self, log: logging.Logger, noun: str, verb: str, now: float) -> None:
+        self.log, self.noun, self.verb = log, noun, verb
+        self.checks = self.reloads = self.failures = 0
+        self.last_success = now
+        self.last_reload: float | None = None
+        self.last_error: str | None = None
+        self.settling = Settling()
+        self.on_reload: list[Callable[[Leaf, Leaf], object]] = []
+        self.on_failure: list[Callable[[ReloadError], object]] = []
+        self.on_check: list[Callable[[Outcome, Status], object]] = []
+        self.notices: list[Notice] = []
+
+    def add_callbacks(
+        self,
+        *,
+        on_reload: Callable[[Leaf, Leaf], object] | None = None,
+        on_failure: Callable[[ReloadError], object] | None = None,
+        on_check: Callable[[Outcome, Status], object] | None = None,
+    ) -> None:
+        """Register more callbacks; each kind is called in the order added."""
+        if on_reload is not None:
+            self.on_reload.append(on_reload)
+        if on_failure is not None:
+            self.on_failure.append(on_failure)
+        if on_check is not None:
+            self.on_check.append(on_check)
+
+    def notify(self, callables: list[Callable[..., object]], *args: Any) -> None:
+        """Call each of ``callables`` with ``args`` once the state lock is released (a copy of the list is kept)."""
+        self.notices.append((list(callables), args))
+
+    def take(self) -> list[Notice]:
+        """The calls decided so far, forgotten here: to :meth:`deliver` once the state lock is released."""
+        notices, self.notices = self.notices, []
+        return notices
+
+    def deliver(self, notices: list[Notice]) -> None:
+        """Make the calls ``notices`` hold; one that raises is logged with its traceback, and the others made."""
+        for callables, args in notices:
+            for callback in callables:
+                try:
+                    callback(*args)
+                except Exception:
+                    self.log.exception("tlsreload callback %r raised", callback)
+
+    def succeeded(self, now: float, leaf: Leaf, files: TLSFiles) -> None:
+        """A check found ``files`` usable (``leaf``: what is served now); says so once after a reported failure."""
+        self.last_success = now
+        if self.settling.good():
+            self.log.info(
+                "%s files %s are usable again; %s %s", self.noun, files.describe(), self.verb, leaf.describe()
+            )
+        self.last_error = None
+
+    def failed(self, key: str, error: ReloadError, settle: bool, level: int, leaf: Leaf) -> Outcome:
+        """A check found problem ``key`` (``error``), ``leaf`` still served: reported at ``level`` when it settled
+        (:meth:`Settling.bad`) and was not reported already, with ``on_failure`` notified. Returns the outcome."""
+        outcome = self.settling.bad(key, settle)
+        if outcome is Outcome.PENDING:
+            self.log.debug("%s files not usable yet (%s); checking again", self.noun, error)
+        if outcome is not None:
+            return outcome
+        self.last_error = str(error)
+        self.failures += 1
+        self.log.log(
+            level,
+            "%s reload failed, still %s serial %s (not after %s): %s",
+            self.noun,
+            self.verb,
+            leaf.serial,
+            leaf.not_after.isoformat(),
+            error,
+        )
+        self.notify(self.on_failure, error)
+        return Outcome.FAILED
+
+    def reloaded(self, now: float, old: Leaf, new: Leaf) -> None:
+        """New content is served from ``now``: counted, and ``on_reload`` notified."""
+        self.reloads += 1
+        self.last_reload = now
+        self.notify(self.on_reload, old, new)
+
+    def status(self, files: TLSFiles, interval: float, leaf: Leaf) -> Status:
+        """The :class:`Status` of an identity checked every ``interval`` seconds in ``files``, serving ``leaf``."""
+        return Status(
+            files=files,
+            interval=interval,
+            leaf=leaf,
+            last_success=self.last_success,
+            last_reload=self.last_reload,
+            last_error=self.last_error,
+            checks=self.checks,
+            reloads=self.reloads,
+            failures=self.failures,
+        )
 
 
 def warn_expiry(

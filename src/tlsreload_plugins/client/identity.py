@@ -31,7 +31,7 @@ from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import password_digest
 from tlsreload_plugins.metrics import observe, wanted
-from tlsreload_plugins.outcome import Outcome, Settling, Status, warn_expiry
+from tlsreload_plugins.outcome import Outcome, Record, Status, warn_expiry
 from tlsreload_plugins.reloader import Offload
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
 
@@ -162,10 +162,6 @@ class ClientIdentity:
         self._check_lock = threading.Lock()  # one check at a time
         self._subscribers: list[Callable[[Presented], object]] = []
         self._every_check: list[Callable[[Presented], object]] = []
-        self._on_reload: list[Callable[[Leaf, Leaf], object]] = []
-        self._on_failure: list[Callable[[ReloadError], object]] = []
-        self._on_check: list[Callable[[Outcome, Status], object]] = []
-        self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
         snapshot, leaf, context = load_identity(self.files, self._build, self.password)
         now = clock()
         judge_period(leaf, self.files, datetime.fromtimestamp(now, timezone.utc))
@@ -173,12 +169,8 @@ class ClientIdentity:
         self._presented = Presented(0, context, leaf, snapshot)
         self._fingerprint = fingerprint(snapshot)
         self._known_bad: Examined | None = None
-        self._settling = Settling()
-        self._last_error: str | None = None
-        self._last_success = now
-        self._last_reload: float | None = None
+        self._record = Record(log, "client certificate", "presenting", now)
         self._last_expiry_warning: float | None = None
-        self._checks = self._reloads = self._failures = 0
         self._warn_expiry(now)
         if wanted(metrics):
             observe(self, identity=METRICS_IDENTITY)
@@ -253,12 +245,7 @@ class ClientIdentity:
     ) -> None:
         """Register callbacks as :meth:`Reloader.add_callbacks <tlsreload_plugins.reloader.Reloader.add_callbacks>`
         takes them (what :func:`tlsreload_plugins.metrics.observe` uses)."""
-        if on_reload is not None:
-            self._on_reload.append(on_reload)
-        if on_failure is not None:
-            self._on_failure.append(on_failure)
-        if on_check is not None:
-            self._on_check.append(on_check)
+        self._record.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
 
     # -- one check ----------------------------------------------------------------------------
 
@@ -274,12 +261,10 @@ class ClientIdentity:
             examined = offload(lambda: self.examine(now)) if offload is not None else self.examine(now)
             with self._lock:
                 outcome = self._conclude(examined, now, settle)
-                status = self._status()
-                notices, self._notices = self._notices, []
-                notices.append((list(self._every_check), (self._presented,)))
-        for callbacks, args in notices:
-            _call(callbacks, *args)
-        _call(self._on_check, outcome, status)
+                self._record.notify(self._every_check, self._presented)
+                self._record.notify(self._record.on_check, outcome, self._status())
+                notices = self._record.take()
+        self._record.deliver(notices)
         return outcome
 
     def examine(self, now: float) -> Examined:
@@ -305,12 +290,13 @@ class ClientIdentity:
 
     def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
         """The deciding half of :meth:`check` (state lock held, no I/O): present the new context, or report."""
-        self._checks += 1
+        self._record.checks += 1
         if examined.error is not None:
             if examined.fingerprint is not None:
                 self._known_bad = examined
             level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
-            return self._fail(f"{examined.fingerprint}:{examined.error}", examined.error, settle, level)
+            key = f"{examined.fingerprint}:{examined.error}"
+            return self._record.failed(key, examined.error, settle, level, self._presented.leaf)
         if examined.unchanged:
             self._succeeded(now)
             return Outcome.UNCHANGED
@@ -326,8 +312,6 @@ class ClientIdentity:
         self._presented = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot)
         self._fingerprint = examined.fingerprint or ""
         self._known_bad = None
-        self._reloads += 1
-        self._last_reload = now
         self._last_expiry_warning = None
         log.info(
             "reloaded client certificate from %s: serial %s -> %s; new connections present %s",
@@ -337,39 +321,13 @@ class ClientIdentity:
             examined.leaf.describe(),
         )
         self._succeeded(now)
-        self._notices.append((list(self._subscribers), (self._presented,)))
-        self._notices.append((self._on_reload, (old.leaf, examined.leaf)))
+        self._record.notify(self._subscribers, self._presented)
+        self._record.reloaded(now, old.leaf, examined.leaf)
         return Outcome.RELOADED
 
     def _succeeded(self, now: float) -> None:
-        self._last_success = now
-        if self._settling.good():
-            log.info(
-                "client certificate files %s are usable again; presenting %s",
-                self.files.describe(),
-                self._presented.leaf.describe(),
-            )
-        self._last_error = None
+        self._record.succeeded(now, self._presented.leaf, self.files)
         self._warn_expiry(now)
-
-    def _fail(self, key: str, error: ReloadError, settle: bool, level: int) -> Outcome:
-        outcome = self._settling.bad(key, settle)
-        if outcome is Outcome.PENDING:
-            log.debug("client certificate files not usable yet (%s); checking again", error)
-        if outcome is not None:
-            return outcome
-        self._last_error = str(error)
-        self._failures += 1
-        leaf = self._presented.leaf
-        log.log(
-            level,
-            "client certificate reload failed, still presenting serial %s (not after %s): %s",
-            leaf.serial,
-            leaf.not_after.isoformat(),
-            error,
-        )
-        self._notices.append((self._on_failure, (error,)))
-        return Outcome.FAILED
 
     def _warn_expiry(self, now: float) -> None:
         self._last_expiry_warning = warn_expiry(
@@ -384,17 +342,7 @@ class ClientIdentity:
             return self._status()
 
     def _status(self) -> Status:
-        return Status(
-            files=self.files,
-            interval=self.interval,
-            leaf=self._presented.leaf,
-            last_success=self._last_success,
-            last_reload=self._last_reload,
-            last_error=self._last_error,
-            checks=self._checks,
-            reloads=self._reloads,
-            failures=self._failures,
-        )
+        return self._record.status(self.files, self.interval, self._presented.leaf)
 
     def describe(self) -> str:
         """One line for the start-up log: what is watched, how often, what is presented."""
@@ -427,11 +375,3 @@ def refuse_wrong_purpose(examined: Examined, files: TLSFiles, password: Password
     except InvalidIdentity as e:
         return replace(examined, context=None, snapshot=None, leaf=None, error=e, password=password_digest(password))
     return examined
-
-
-def _call(callbacks: list[Callable[..., object]], *args: Any) -> None:
-    for callback in callbacks:
-        try:
-            callback(*args)
-        except Exception:
-            log.exception("tlsreload callback %r raised", callback)

@@ -45,7 +45,7 @@ from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
 from tlsreload_plugins.outcome import (
     CRLWarning,
     Outcome,
-    Settling,
+    Record,
     Status,
     warn_expiry,
     warn_revocation,
@@ -113,7 +113,7 @@ def _after_fork_in_child() -> None:
         demand = reloader._demand
         if demand is not None:
             demand.lock = threading.Lock()
-        reloader._notices = []
+        reloader._record.take()
 
 
 if hasattr(os, "register_at_fork"):
@@ -204,17 +204,14 @@ class Reloader:
         self.interval = resolve_interval(interval)
         self.expiry_warning_days = resolve_expiry_warning_days(expiry_warning_days)
         self._clock = clock
-        self._on_reload: list[Callable[[Leaf, Leaf], object]] = []
-        self._on_failure: list[Callable[[ReloadError], object]] = []
-        self._on_check: list[Callable[[Outcome, Status], object]] = []
-        self.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
+        # What the checks found, and the callbacks: calls decided under _lock, made after it is released (a
+        # callback may read status(), as metrics do, without deadlocking the check).
+        self._record = Record(log, "certificate", "serving", clock())
+        self._record.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
         # _lock guards the state below, held for a few assignments only: status() never waits for file I/O.
         # _check_lock keeps checks one at a time (the ticker and reload_now).
         self._lock = threading.Lock()
         self._check_lock = threading.Lock()
-        # on_reload/on_failure calls decided under the lock, made after it is released: a callback
-        # may read status() (metrics do) without deadlocking the check.
-        self._notices: list[tuple[list[Callable[..., object]], tuple[Any, ...]]] = []
 
         self._last_good = last_good
         # At most 29 attributes in all: CPython shares one key table among instances of up to 30, and an
@@ -239,18 +236,14 @@ class Reloader:
             self._created_on_newest(live, snapshot)
         self._fingerprint = fingerprint(snapshot)
         self._leaf = leaf
-        self._settling = Settling()
         self._known_bad: Examined | None = None
         self._fixed_warned: tuple[str, ...] = ()
-        self._last_error: str | None = None
-        self._last_success = clock()
-        self._last_reload: float | None = None
+        self._record.last_success = clock()
         # When the expiry warning was last given, and the last CRL warning given for the CRLs served.
         self._warned: tuple[float | None, CRLWarning | None] = (None, None)
         self._switch_failed_logged = False
         self._route: Route | None = None
-        self._checks = self._reloads = self._failures = 0
-        self._warn_expiry(self._last_success)
+        self._warn_expiry(self._record.last_success)
         warn_uncovered(log, leaf, self.files, None)
         _reloaders.add(self)
         if start_error is not None:
@@ -263,12 +256,12 @@ class Reloader:
             self._known_bad = _JUDGED_AT_FIRST_CHECK
             return
         log.warning("the TLS files cannot be used (%s); %s", error, served)
-        self._last_error = str(error)
-        self._failures = 1
+        self._record.last_error = str(error)
+        self._record.failures = 1
         # The first checks will find the same problem: it has been reported just now.
         examined = self.examine(self._clock())
         if examined.error is not None:
-            self._settling.reported = f"{examined.fingerprint}:{examined.error}"
+            self._record.settling.reported = f"{examined.fingerprint}:{examined.error}"
             if examined.fingerprint is not None:
                 self._known_bad = examined
             if examined.refused is not None and self._last_good is not None:  # for the server's other processes
@@ -282,12 +275,7 @@ class Reloader:
         on_check: Callable[[Outcome, Status], object] | None = None,
     ) -> None:
         """Register more callbacks; each kind is called in the order added."""
-        if on_reload is not None:
-            self._on_reload.append(on_reload)
-        if on_failure is not None:
-            self._on_failure.append(on_failure)
-        if on_check is not None:
-            self._on_check.append(on_check)
+        self._record.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
 
     def set_route(self, route: Route | None) -> None:
         """Consult ``route(server_name)`` first on every handshake: a context it returns serves the
@@ -316,11 +304,9 @@ class Reloader:
             examined = offload(lambda: self.examine(now)) if offload is not None else self.examine(now)
             with self._lock:
                 outcome = self._conclude(examined, now, settle)
-                status = self._status()
-                notices, self._notices = self._notices, []
-        for callbacks, args in notices:
-            self._call(callbacks, *args)
-        self._call(self._on_check, outcome, status)
+                self._record.notify(self._record.on_check, outcome, self._status())
+                notices = self._record.take()
+        self._record.deliver(notices)
         return outcome
 
     def sweep(self, offload: Offload[Examined] | None = None) -> Outcome:
@@ -328,7 +314,8 @@ class Reloader:
         the content served, nothing is pending, no ``on_check`` callback listens and nothing is ``offload``-ed,
         only the counters, the last success and the expiry warning are renewed (UNCHANGED); otherwise a full
         :meth:`check`. For the SNI identities' safety-net sweep. Blocking; never raises."""
-        if offload is not None or self._on_check or self._last_error is not None or self._known_bad is not None:
+        record = self._record
+        if offload is not None or record.on_check or record.last_error is not None or self._known_bad is not None:
             return self.check(offload=offload)  # (offload: gevent, where even a read must leave the hub)
         try:
             same = fingerprint(read_files(self.files)) == self._fingerprint
@@ -338,8 +325,8 @@ class Reloader:
             return self.check(offload=offload)
         with self._lock:
             now = self._clock()
-            self._checks += 1
-            self._last_success = now
+            record.checks += 1
+            record.last_success = now
             self._warn_expiry(now)
         return Outcome.UNCHANGED
 
@@ -369,14 +356,14 @@ class Reloader:
         """The deciding half of :meth:`check`: what ``examined`` means for what is served and reported (swap
         new handshakes onto the new context, report a failure once it settled and once per distinct problem, say
         when the files are usable again, warn that the served certificate expires). No I/O: called with the state
-        lock held; what callbacks and the last good store are to do is left in ``_notices``, for after it."""
-        self._checks += 1
+        lock held; what callbacks and the last good store are to do is left in the record's notices, for after it."""
+        self._record.checks += 1
         if not self._hook_in_place():
             error = NotServable(
                 f"the server's SSL context no longer calls tlsreload's sni_callback (other code replaced it after "
                 f"start): new certificates from {self.files.certfile} cannot be served"
             )
-            return self._fail("hook replaced", error, settle=False, level=logging.ERROR)
+            return self._record.failed("hook replaced", error, False, logging.ERROR, self._leaf)
         starting = self._known_bad is _JUDGED_AT_FIRST_CHECK  # then a refusal is reported at once, as at a start
         if starting and not examined.changed_while_building:
             self._known_bad = None
@@ -384,12 +371,12 @@ class Reloader:
             if examined.refused is not None and self._last_good is not None and examined is not self._known_bad:
                 # Kept for the server's other processes (a new worker takes it), once the state lock is released.
                 refusal = (self._last_good.name, examined.content_key, examined.refused)
-                self._notices.append(([self._last_good.store.refuse], refusal))
+                self._record.notify([self._last_good.store.refuse], *refusal)
             if examined.fingerprint is not None:
                 self._known_bad = examined
             level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
             key = f"{examined.fingerprint}:{examined.error}"
-            return self._fail(key, examined.error, settle and not starting, level)
+            return self._record.failed(key, examined.error, settle and not starting, level, self._leaf)
         if examined.unchanged:
             self._succeeded(now)
             return Outcome.UNCHANGED
@@ -414,7 +401,7 @@ class Reloader:
         self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot)
         if self._last_good is not None:
             # After the state lock is released: a shared store may wait for another process's write.
-            self._notices.append(([self._last_good.remember], (examined.snapshot, examined.leaf)))
+            self._record.notify([self._last_good.remember], examined.snapshot, examined.leaf)
         return Outcome.RELOADED
 
     def _swap(
@@ -426,8 +413,6 @@ class Reloader:
         self._fingerprint = observed_fingerprint
         self._known_bad = None
         self._leaf = leaf
-        self._reloads += 1
-        self._last_reload = now
         self._warned = (None, None)
         warn_uncovered(log, leaf, self.files, old)
         log.info(
@@ -438,32 +423,11 @@ class Reloader:
             leaf.describe(),
         )
         self._succeeded(now)
-        self._notices.append((self._on_reload, (old, leaf)))
+        self._record.reloaded(now, old, leaf)
 
     def _succeeded(self, now: float) -> None:
-        self._last_success = now
-        if self._settling.good():
-            log.info("certificate files %s are usable again; serving %s", self.files.describe(), self._leaf.describe())
-        self._last_error = None
+        self._record.succeeded(now, self._leaf, self.files)
         self._warn_expiry(now)
-
-    def _fail(self, key: str, error: ReloadError, settle: bool, level: int = logging.WARNING) -> Outcome:
-        outcome = self._settling.bad(key, settle)
-        if outcome is Outcome.PENDING:
-            log.debug("certificate files not usable yet (%s); checking again", error)
-        if outcome is not None:
-            return outcome
-        self._last_error = str(error)
-        self._failures += 1
-        log.log(
-            level,
-            "certificate reload failed, still serving serial %s (not after %s): %s",
-            self._leaf.serial,
-            self._leaf.not_after.isoformat(),
-            error,
-        )
-        self._notices.append((self._on_failure, (error,)))
-        return Outcome.FAILED
 
     def _warn_expiry(self, now: float) -> None:
         last_expiry, last_crl = self._warned
@@ -476,13 +440,6 @@ class Reloader:
         """What the files hold when a check would validate it, else ``None``
         (:func:`~tlsreload_plugins.examine.new_content`). Blocking (reads); changes nothing."""
         return new_content(self.files, self._fingerprint, self._known_bad)
-
-    def _call(self, callbacks: list[Callable[..., object]], *args: Any) -> None:
-        for callback in callbacks:
-            try:
-                callback(*args)
-            except Exception:
-                log.exception("tlsreload callback %r raised", callback)
 
     # -- what new handshakes get -------------------------------------------------------------
 
@@ -644,17 +601,7 @@ class Reloader:
             return self._status()
 
     def _status(self) -> Status:
-        return Status(
-            files=self.files,
-            interval=self.interval,
-            leaf=self._leaf,
-            last_success=self._last_success,
-            last_reload=self._last_reload,
-            last_error=self._last_error,
-            checks=self._checks,
-            reloads=self._reloads,
-            failures=self._failures,
-        )
+        return self._record.status(self.files, self.interval, self._leaf)
 
     def describe(self) -> str:
         """One line for the start-up log: what is watched, how often, what is served."""

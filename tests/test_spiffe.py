@@ -277,19 +277,31 @@ def test_uvicorn_workers_and_an_httpx_client_on_svids_through_rotations_and_drop
     assert "is back" in (tmp_path / "client.log").read_text()
 
 
+@pytest.mark.parametrize("configured", ["drop-in", "own-config"])
 def test_gunicorn_workers_on_svids_through_a_rotation_a_dropped_stream_and_a_hup(
-    tmp_path: Path, ca: trustme.CA
+    tmp_path: Path, ca: trustme.CA, configured: str
 ) -> None:
+    """``drop-in``: the drop-in configuration with ``$TLSRELOAD_SPIFFE=1`` and ``$SPIFFE_ENDPOINT_SOCKET``;
+    ``own-config``: the user's own ``gunicorn.conf.py`` naming the socket in ``tls_spiffe``, then ``add_reload``."""
     api = WorkloadAPI(tmp_path)
     svid = mint_svid(ca, "web", "localhost")
     api.send([svid])
     ctx = client_context(ca)
     port = free_port()
-    args = ["-m", "gunicorn", "-c", "python:tlsreload_plugins.gunicorn_conf", "--bind", f"{HOST}:{port}"]
-    args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
     paths = [str(TESTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL, "TLSRELOAD_SPIFFE": "1"}
-    env["SPIFFE_ENDPOINT_SOCKET"] = api.endpoint
+    env = {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL}
+    if configured == "drop-in":
+        config = "python:tlsreload_plugins.gunicorn_conf"
+        env.update(TLSRELOAD_SPIFFE="1", SPIFFE_ENDPOINT_SOCKET=api.endpoint)
+    else:
+        config = str(tmp_path / "gunicorn.conf.py")
+        (tmp_path / "gunicorn.conf.py").write_text(
+            "from tlsreload_plugins.gunicorn import add_reload\n\n"
+            f"tls_spiffe = {api.endpoint!r}\n\n"
+            "add_reload(globals())\n"
+        )
+    args = ["-m", "gunicorn", "-c", config, "--bind", f"{HOST}:{port}"]
+    args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
     with api, run_server(args, tmp_path / "gunicorn.log", port, env=env) as server:
         wait_until(lambda: served(port, ctx) == serial_of(svid.chain), DEADLINE, what="serving")
         with Hammer(port, ctx) as hammer:

@@ -5,13 +5,14 @@ Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Re
 :class:`Outcome` from every check, hands out its state as a :class:`Status`, asks its
 :class:`Settling` whether a bad content is reported now, and :func:`warn_expiry` whether the served
 certificate's expiry is (:func:`warn_revocation`: when the served CRLs' is, :func:`warn_uncovered`: which CAs
-have none).
+have none, :func:`warn_unasked`: that no client is asked to meet them).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Literal
 
@@ -144,6 +145,18 @@ def warn_revocation(
             (revocation.next_update.timestamp() - now) / 3600,
         )
     return "soon"
+
+
+def warn_unasked(log: logging.Logger, files: TLSFiles, verify_mode: ssl.VerifyMode) -> None:
+    """Say on ``log`` that the CRL file of ``files`` refuses nobody when a server context of ``verify_mode`` asks no
+    client for a certificate (``CERT_NONE``): the CRL was given to refuse clients, and would silently not."""
+    if files.crl and verify_mode == ssl.CERT_NONE:
+        log.warning(
+            "the CRL file %s refuses nobody: the server asks no client for a certificate (its verify mode is "
+            "CERT_NONE); require client certificates signed by %s for the CRL to refuse those it revokes",
+            files.crl,
+            files.ca_certs,
+        )
 
 
 def warn_uncovered(log: logging.Logger, leaf: Leaf, files: TLSFiles, old: Leaf | None) -> None:

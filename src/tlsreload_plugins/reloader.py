@@ -49,6 +49,7 @@ from tlsreload_plugins.outcome import (
     Status,
     warn_expiry,
     warn_revocation,
+    warn_unasked,
     warn_uncovered,
 )
 from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
@@ -162,7 +163,8 @@ class Reloader:
     CRLs written together are one change; every context built checks client certificates against the CRLs validated
     (:func:`~tlsreload_plugins.revocation.check_revocation`). A CA of the bundle without a CRL is named at start
     (OpenSSL refuses the clients it issued), a warning comes ahead of the served CRLs' ``nextUpdate``, and an error
-    once it has passed (OpenSSL then refuses every client certificate).
+    once it has passed (OpenSSL then refuses every client certificate); a CRL that refuses nobody, the server's
+    context asking no client for a certificate (``CERT_NONE``), is named at the first check.
 
     ``on_reload(old_leaf, new_leaf)``, ``on_failure(error)`` and ``on_check(outcome, status)`` are called
     after a reload, after each newly reported failure and after every check. More can be added later with
@@ -391,6 +393,11 @@ class Reloader:
         when the files are usable again, warn that the served certificate expires). No I/O: called with the state
         lock held; what callbacks and the last good store are to do is left in ``_notices``, for after it."""
         self._checks += 1
+        live = self._live
+        if self._checks == 1 and live is not None:
+            # At the first check, not at start: a server may set its verify mode once the context is built
+            # (cheroot's adapter is made, then its context told to require client certificates).
+            warn_unasked(log, self.files, live.verify_mode)
         if not self._hook_in_place():
             error = NotServable(
                 f"the server's SSL context no longer calls tlsreload's sni_callback (other code replaced it after "

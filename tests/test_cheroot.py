@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import trustme
 
+from revocation_steps import Mtls, revocation_holds
 from test_gunicorn import fetch, wait_every_worker
+from tlsreload_plugins.settings import CRL_ENV
 from tlstest import (
     HOST,
     CertbotLayout,
@@ -61,9 +63,14 @@ def example(script: Path, port: int, layout: Layout, *extra: str) -> list[str]:
     return [*args, "--host", HOST, "--port", str(port), "--interval", INTERVAL, *extra]
 
 
-def start(args: list[str], tmp_path: Path, port: int) -> AbstractContextManager[Server]:
-    env = {"TLSRELOAD_INTERVAL": INTERVAL, "PYTHONPATH": str(ROOT / "tests")}
-    return run_server(args, tmp_path / "server.log", port, env=env, cwd=tmp_path)
+def start(
+    args: list[str], tmp_path: Path, port: int, env: dict[str, str] | None = None
+) -> AbstractContextManager[Server]:
+    """``args`` with tests/ importable (and ``$PYTHONPATH`` kept: the suite may run against another copy of the
+    package), ``$TLSRELOAD_INTERVAL`` and ``env``."""
+    paths = [str(ROOT / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    full = {"TLSRELOAD_INTERVAL": INTERVAL, "PYTHONPATH": os.pathsep.join(paths), **(env or {})}
+    return run_server(args, tmp_path / "server.log", port, env=full, cwd=tmp_path)
 
 
 def lines_with(out: str, text: str) -> list[str]:
@@ -202,6 +209,18 @@ def test_mtls_client_ca_rotation(ca: trustme.CA, tmp_path: Path, way: str) -> No
     with start(args, tmp_path, port) as server:
         wait_until(lambda: fetch(port, client_context(ca, issue(old, "c.test"))), DEADLINE, what="server up")
         rotate_client_cas(port, layout, ca, old, new)
+        stop_cleanly(server)
+
+
+def test_cherrypy_ssl_module_takes_its_crl_from_the_environment(ca: trustme.CA, tmp_path: Path) -> None:
+    """CherryPy builds the adapter from ``server.ssl_*`` (the example registers the subclass requiring client
+    certificates as ``server.ssl_module = "tlsreload-mtls"``): the CRL comes from ``$TLSRELOAD_CRL``."""
+    mtls = Mtls(tmp_path, ca)
+    port = free_port()
+    args = [sys.executable, str(EXAMPLE), "--cherrypy", "--certfile", str(mtls.cert), "--keyfile", str(mtls.key)]
+    args += ["--ca-certs", str(mtls.bundle), "--host", HOST, "--port", str(port), "--interval", INTERVAL]
+    with start(args, tmp_path, port, env={CRL_ENV: str(mtls.crl)}) as server:
+        revocation_holds(port, mtls)
         stop_cleanly(server)
 
 

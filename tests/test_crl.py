@@ -15,49 +15,20 @@ from pathlib import Path
 import pytest
 import trustme
 
-from test_trust import VERSIONS, InMemory, client, refused_as_resumed, straddle
+from revocation_steps import Mtls
+from test_trust import VERSIONS, InMemory, refused_as_resumed, straddle
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader
-from tlsreload_plugins.files import Snapshot, TLSFiles, read_files
+from tlsreload_plugins.files import Snapshot, read_files
 from tlsreload_plugins.identity import Leaf, judge_period, validate
 from tlsreload_plugins.lastgood.last_good import LastGood
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.lastgood.table import decode, encode
 from tlsreload_plugins.revocation import Revocation, crl_blocks
 from tlsreload_plugins.settings import CRL_ENV
-from tlstest import HOST, Pair, crl_pem, issue, replace_file
+from tlstest import HOST, crl_pem, issue, replace_file
 
 DAY = datetime.timedelta(days=1)
-
-
-class Mtls:
-    """A server identity, a client-CA bundle, its CRL file, and two clients of that CA, on disk in ``root``."""
-
-    def __init__(self, root: Path, ca: trustme.CA) -> None:
-        self.ca = ca
-        self.client_ca = trustme.CA()
-        self.cert, self.key = root / "tls.crt", root / "tls.key"
-        self.bundle, self.crl = root / "ca.crt", root / "clients.crl"
-        pair = issue(ca, "localhost")
-        self.cert.write_bytes(pair.chain)
-        self.key.write_bytes(pair.key)
-        self.bundle.write_bytes(self.client_ca.cert_pem.bytes())
-        self.crl.write_bytes(crl_pem(self.client_ca))
-        self.holder = issue(self.client_ca, "holder.example")
-        self.other = issue(self.client_ca, "other.example")
-
-    @property
-    def files(self) -> TLSFiles:
-        return TLSFiles(str(self.cert), str(self.key), str(self.bundle), str(self.crl))
-
-    def reloader(self, **kwargs: object) -> Reloader:
-        recipe = make_recipe(str(self.cert), str(self.key), str(self.bundle))
-        return Reloader(
-            str(self.cert), str(self.key), ca_certs=str(self.bundle), crl=str(self.crl), recipe=recipe, **kwargs
-        )
-
-    def client(self, holder: Pair, version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3) -> ssl.SSLContext:
-        return client(self.ca, holder, version, False)
 
 
 def gets_in(

@@ -25,6 +25,7 @@ import httpx
 import pytest
 import trustme
 
+from revocation_steps import Mtls, revocation_holds
 from test_gunicorn import WAITING, fetch, wait_every_worker
 from tlstest import (
     HOST,
@@ -502,3 +503,39 @@ def test_programmatic_config_serves_the_pair_it_checked_when_the_files_break_bef
         wait_for_serial(port, ctx, second.serial, DEADLINE)
         out = stop_cleanly(server, LAST_GOOD)
     assert len(lines_with(out, LAST_GOOD)) == 1 and f"{layout.key_path} does not exist" in out, out
+
+
+PROGRAMMATIC_CRL = """
+import asyncio, ssl, sys
+import hypercorn.asyncio
+sys.path.insert(0, {tests!r})
+from gunicorn_apps import asgi
+from tlsreload_plugins.hypercorn import ReloadingConfig
+
+config = ReloadingConfig()
+config.bind = [{bind!r}]
+config.certfile, config.keyfile = {cert!r}, {key!r}
+config.ca_certs, config.verify_mode = {bundle!r}, ssl.CERT_REQUIRED
+config.tls_crl = {crl!r}
+config.check_tls_files()
+asyncio.run(hypercorn.asyncio.serve(asgi, config))
+"""
+
+
+def test_programmatic_config_with_tls_crl_refuses_a_client_once_revoked(ca: trustme.CA, tmp_path: Path) -> None:
+    """``ReloadingConfig`` with ``tls_crl`` set, served by ``hypercorn.asyncio.serve``: the CRL reloads with the
+    client-CA bundle."""
+    mtls = Mtls(tmp_path, ca)
+    port = free_port()
+    code = PROGRAMMATIC_CRL.format(
+        tests=str(TESTS),
+        bind=f"{HOST}:{port}",
+        cert=str(mtls.cert),
+        key=str(mtls.key),
+        bundle=str(mtls.bundle),
+        crl=str(mtls.crl),
+    )
+    with start([sys.executable, "-c", code], tmp_path, port) as server:
+        revocation_holds(port, mtls)
+        out = stop_cleanly(server)
+    assert len(lines_with(out, WATCHING)) == 1, out

@@ -33,6 +33,7 @@ import server_kinds
 from hostile import place_good
 from test_hostile import TESTS, server_env
 from test_trust import ask, client, sessions_from_every_worker
+from test_uvicorn import drop_in as uvicorn_drop_in
 from tlsreload_plugins.settings import CRL_ENV
 from tlstest import (
     HOST,
@@ -237,3 +238,33 @@ def test_gunicorn_takes_tls_crl_from_its_own_configuration(ca: trustme.CA, tmp_p
         replace_file(trust.crl, crl_pem(trust.ca, trust.holder))
         refused_by_every_worker(port, holder)
         in_from_every_worker(server, port, other, 2, "another client of the CA, after the revocation")
+
+
+def test_a_crl_no_client_is_asked_to_meet_is_named_once(ca: trustme.CA, tmp_path: Path) -> None:
+    """tlsreload-uvicorn with a client-CA bundle and its CRL but uvicorn's default ``--ssl-cert-reqs 0``: the server
+    asks no client for a certificate, so the CRL refuses nobody. One WARNING says so, naming the CRL file."""
+    trust = Trust(tmp_path / "clients", ca)
+    replace_file(trust.crl, crl_pem(trust.ca, trust.holder))
+    layout = RenameEachLayout(tmp_path / "tls")
+    place_good(layout.cert_path, layout.key_path, ca)
+    port = free_port()
+    command = uvicorn_drop_in(
+        port, layout, "--ssl-ca-certs", str(trust.bundle), "--tls-crl", str(trust.crl), app="hostile_apps:asgi"
+    )
+    holder = trust.client(trust.holder)
+    unasked = "refuses nobody"
+    with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
+        wait_until(lambda: ask(port, holder).ok, DEADLINE, what="the revoked holder in, asked for no certificate")
+        wait_until(lambda: unasked in server.output(), DEADLINE, what="the CRL named as refusing nobody")
+        seen = checks(port, holder)
+        wait_until(lambda: checks(port, holder) >= seen + 3, DEADLINE, what="three more checks")
+        out = server.output()
+    warned = [line for line in out.splitlines() if unasked in line]
+    assert len(warned) == 1 and "WARNING" in warned[0] and str(trust.crl) in warned[0], out
+
+
+def checks(port: int, ctx: ssl.SSLContext) -> int:
+    """How many checks the reloader of the process answering has made."""
+    answer = get_status(port, ctx)
+    assert answer is not None
+    return int(str(answer[1]["checks"]))

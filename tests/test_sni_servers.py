@@ -6,6 +6,7 @@ in an own configuration, or ``$TLSRELOAD_SNI``; uvicorn and hypercorn through ``
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -13,10 +14,12 @@ import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
 
+from revocation_steps import Mtls, admitted, revocation_holds
 from test_sni import NameHammer, install, sni_serial, trusting, verifying
 from tlstest import HOST, KubeletLayout, Pair, free_port, issue, run_server, serial_of, wait_until
 
@@ -237,3 +240,58 @@ def _fresh(tmp_path: Path, name: str) -> Path:
     path = tmp_path / name
     path.mkdir()
     return path
+
+
+def test_sni_identities_share_the_default_identity_s_crl_reported_once(tmp_path: Path, ca: trustme.CA) -> None:
+    """tlsreload-uvicorn with a client-CA bundle, its CRL and an SNI identity: a revocation reaches handshakes naming
+    the identity as it reaches the default identity; what concerns the shared bundle and CRL (a CA without a CRL, a
+    revocation, a CRL refused, usable again) is said once, not once per identity."""
+    mtls = Mtls(tmp_path, ca)
+    mtls.bundle.write_bytes(mtls.client_ca.cert_pem.bytes() + trustme.CA().cert_pem.bytes())  # one CA uncovered
+    a = install(KubeletLayout(tmp_path / "sni" / "a"), issue(ca, "a.test"))
+    port = free_port()
+    args = ["-m", "tlsreload_plugins.uvicorn", "hostile_apps:asgi", "--app-dir", str(TESTS), "--host", HOST]
+    args += ["--port", str(port), "--ssl-certfile", str(mtls.cert), "--ssl-keyfile", str(mtls.key)]
+    args += ["--ssl-ca-certs", str(mtls.bundle), "--ssl-cert-reqs", "2", "--tls-crl", str(mtls.crl)]
+    args += ["--tls-sni", str(tmp_path / "sni"), "--tls-reload-interval", INTERVAL]
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    with run_server(args, tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
+        holder, other = mtls.client(mtls.holder), mtls.client(mtls.other)
+        wait_until(lambda: admitted(port, other, "a.test"), DEADLINE, what="the server up")
+        assert sni_serial(port, other, "a.test") == a.serial
+        revocation_holds(port, mtls, server_name="a.test")
+        assert not admitted(port, holder), "the default identity let the revoked holder in"
+
+        mtls.crl.write_bytes(b"-----BEGIN X509 CRL-----\nbm90IGEgQ1JM\n-----END X509 CRL-----\n")
+        wait_until(lambda: "reload failed" in running.output(), DEADLINE, what="the refused CRL reported")
+        checks = default_status(port, other)["checks"]
+        wait_until(lambda: default_status(port, other)["checks"] >= checks + 3, DEADLINE, what="three more checks")
+        assert not admitted(port, holder, "a.test"), "the identity dropped the last good CRL"
+        assert admitted(port, other, "a.test")
+
+        mtls.revoke(mtls.holder)
+        wait_until(lambda: "usable again" in running.output(), DEADLINE, what="the new CRL served")
+        checks = default_status(port, other)["checks"]
+        wait_until(lambda: default_status(port, other)["checks"] >= checks + 3, DEADLINE, what="three more checks")
+        code = running.stop()
+        out = running.output()
+    assert code in (0, -15), out
+    assert len([line for line in out.splitlines() if "holds no CRL for 1 CA" in line]) == 1, out
+    assert len([line for line in out.splitlines() if "reloaded TLS certificate" in line]) == 2, out
+    failed = [line for line in out.splitlines() if "reload failed" in line]
+    assert len(failed) == 1 and str(mtls.crl) in failed[0], out
+    assert len([line for line in out.splitlines() if "usable again" in line]) == 1, out
+
+
+def default_status(port: int, ctx: ssl.SSLContext) -> dict[str, Any]:
+    """The default identity's ``status()`` (hostile_apps' ``/status``)."""
+    with (
+        socket.create_connection((HOST, port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        response = b""
+        while chunk := tls.recv(65536):
+            response += chunk
+    found: dict[str, Any] = json.loads(response.partition(b"\r\n\r\n")[2])["reloaders"][0]
+    return found

@@ -29,6 +29,7 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 
 from hostile import HOSTILE, place_good
+from revocation_steps import Mtls, revocation_holds
 from tlstest import (
     HOST,
     CertbotLayout,
@@ -398,6 +399,19 @@ def test_twistd_web_follows_certbot_renewals_with_their_chain(tmp_path: Path) ->
     # Through twistd's own log.
     assert len(lines_with(out, "[tlsreload_plugins.reloader#info] tlsreload: " + RELOADED)) == ROTATIONS, out
     assert "every 0.3s" in lines_with(out, WATCHING)[0], out
+
+
+def test_twistd_web_with_crl_file_refuses_a_client_once_revoked(tmp_path: Path, ca: trustme.CA) -> None:
+    """``twistd web --listen tlsreload:...:caFile=CA:crlFile=CRL``: the CRL reloads with the client-CA bundle."""
+    mtls = Mtls(tmp_path, ca)
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "index.html").write_text("hello\n")
+    port = free_port()
+    description = tlsreload(port, mtls.cert, mtls.key, caFile=mtls.bundle, crlFile=mtls.crl, interval=INTERVAL)
+    with start(twistd_web(description, tmp_path / "www"), tmp_path, port) as server:
+        revocation_holds(port, mtls)
+        out = stop_cleanly(server, status=-signal.SIGTERM)
+    assert len(lines_with(out, WATCHING)) == 1 and f"crl={mtls.crl}" in lines_with(out, WATCHING)[0], out
 
 
 # --- mutual TLS, an encrypted key and an SNI identity, each reloaded on its own -----------------

@@ -23,6 +23,7 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 from uvicorn.config import create_ssl_context
 
+from revocation_steps import Mtls, revocation_holds
 from tlstest import (
     HOST,
     CertbotLayout,
@@ -426,6 +427,19 @@ def test_programmatic_config_and_server_example(ca: trustme.CA, tmp_path: Path) 
         out = stop_cleanly(server, signal.SIGINT)
     assert "every 0.3s" in lines_with(out, "tlsreload: watching")[0]
     assert "example app: startup" in out and "example app: shutdown" in out
+
+
+def test_programmatic_run_with_a_crl_refuses_a_client_once_revoked(ca: trustme.CA, tmp_path: Path) -> None:
+    """``uvicorn.run(app, ssl_ca_certs=..., ssl_cert_reqs=ssl.CERT_REQUIRED,
+    ssl_context_factory=functools.partial(reloading_ssl_context, crl=CRL))``: the CRL reloads with the bundle."""
+    mtls = Mtls(tmp_path, ca)
+    port = free_port()
+    args = script(TESTS / "uvicorn_apps.py", "fastapi_app", str(port), str(mtls.cert), str(mtls.key))
+    args += ["--ca-certs", str(mtls.bundle), "--crl", str(mtls.crl)]
+    with start(args, tmp_path, port) as server:
+        revocation_holds(port, mtls)
+        out = stop_cleanly(server, signal.SIGINT)
+    assert len(lines_with(out, "tlsreload: watching")) == 1
 
 
 @pytest.mark.parametrize(("app", "sig"), [("starlette_app", signal.SIGINT), ("fastapi_app", signal.SIGTERM)])

@@ -3,7 +3,10 @@
 Run as a script, it serves one of them through ``uvicorn.run(..., ssl_context_factory=reloading_ssl_context)``
 (the programmatic way without the drop-in)::
 
-    python tests/uvicorn_apps.py APP_NAME PORT CERTFILE KEYFILE [--lifespan-grace SECONDS]
+    python tests/uvicorn_apps.py APP_NAME PORT CERTFILE KEYFILE [--lifespan-grace SECONDS] [--ca-certs CA [--crl CRL]]
+
+``--ca-certs`` requires client certificates of that bundle (``ssl_cert_reqs=ssl.CERT_REQUIRED``); ``--crl`` hands
+the factory its CRL file as a program does, ``functools.partial(reloading_ssl_context, crl=CRL)``.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ unwrapped_app = Starlette(routes=[Route("/", _home)], lifespan=_own_lifespan)
 
 if __name__ == "__main__":
     import argparse
+    import functools
+    import ssl
 
     import uvicorn
 
@@ -93,15 +98,22 @@ if __name__ == "__main__":
     parser.add_argument("keyfile")
     parser.add_argument("--lifespan-grace", type=float)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--ca-certs")
+    parser.add_argument("--crl")
     options = parser.parse_args()
     if options.lifespan_grace is not None:
         tlsreload_plugins.uvicorn.LIFESPAN_GRACE = options.lifespan_grace
+    factory = tlsreload_plugins.uvicorn.reloading_ssl_context
+    if options.crl:
+        factory = functools.partial(factory, crl=options.crl)
+    mtls = {"ssl_ca_certs": options.ca_certs, "ssl_cert_reqs": ssl.CERT_REQUIRED} if options.ca_certs else {}
     uvicorn.run(
         globals()[options.app],
         host="127.0.0.1",
         port=options.port,
         ssl_certfile=options.certfile,
         ssl_keyfile=options.keyfile,
-        ssl_context_factory=tlsreload_plugins.uvicorn.reloading_ssl_context,
+        ssl_context_factory=factory,
         log_level=options.log_level,
+        **mtls,
     )

@@ -13,7 +13,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tlsreload_plugins.errors import InvalidIdentity
 
@@ -189,6 +189,12 @@ def fingerprint(snapshot: Snapshot) -> str:
             digest.update(b"%d:" % len(part))
             digest.update(part)
     return digest.hexdigest()
+
+
+def identity_fingerprint(snapshot: Snapshot) -> str:
+    """A digest of the certificate and key files' content alone: what an identity serves, without the client-CA
+    bundle and CRLs it may share with other identities (an SNI identity shares the default identity's)."""
+    return fingerprint(replace(snapshot, ca=None, crl=None))
 
 
 def password_text(password: Password) -> str | None:

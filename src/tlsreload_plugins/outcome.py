@@ -5,13 +5,15 @@ Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Re
 :class:`~tlsreload_plugins.client.identity.ClientIdentity`) returns an :class:`Outcome` from every check, keeps
 what its checks found in a :class:`Record` (handed out as a :class:`Status`), whose :class:`Settling` says whether
 a bad content is reported now, and :func:`warn_expiry` whether the served certificate's expiry is
-(:func:`warn_revocation`: when the served CRLs' is, :func:`warn_uncovered`: which CAs have none).
+(:func:`warn_revocation`: when the served CRLs' is, :func:`warn_uncovered`: which CAs have none,
+:func:`warn_unasked`: that no client is asked to meet them).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -166,12 +168,13 @@ class Record:
                 except Exception:
                     self.log.exception("tlsreload callback %r raised", callback)
 
-    def succeeded(self, now: float, leaf: Leaf, files: TLSFiles) -> None:
-        """A check found ``files`` usable (``leaf``: what is served now); says so once after a reported failure."""
+    def succeeded(self, now: float, leaf: Leaf, files: TLSFiles, level: int = logging.INFO) -> None:
+        """A check found ``files`` usable (``leaf``: what is served now); says so once, at ``level``, after a
+        reported failure."""
         self.last_success = now
         if self.settling.good():
-            self.log.info(
-                "%s files %s are usable again; %s %s", self.noun, files.describe(), self.verb, leaf.describe()
+            self.log.log(
+                level, "%s files %s are usable again; %s %s", self.noun, files.describe(), self.verb, leaf.describe()
             )
         self.last_error = None
 
@@ -279,6 +282,18 @@ def warn_revocation(
             (revocation.next_update.timestamp() - now) / 3600,
         )
     return "soon"
+
+
+def warn_unasked(log: logging.Logger, files: TLSFiles, verify_mode: ssl.VerifyMode) -> None:
+    """Say on ``log`` that the CRL file of ``files`` refuses nobody when a server context of ``verify_mode`` asks no
+    client for a certificate (``CERT_NONE``): the CRL was given to refuse clients, and would silently not."""
+    if files.crl and verify_mode == ssl.CERT_NONE:
+        log.warning(
+            "the CRL file %s refuses nobody: the server asks no client for a certificate (its verify mode is "
+            "CERT_NONE); require client certificates signed by %s for the CRL to refuse those it revokes",
+            files.crl,
+            files.ca_certs,
+        )
 
 
 def warn_uncovered(log: logging.Logger, leaf: Leaf, files: TLSFiles, old: Leaf | None) -> None:

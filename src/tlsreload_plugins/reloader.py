@@ -38,7 +38,7 @@ from tlsreload_plugins.examine import (
     load_identity,
     new_content,
 )
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_fingerprint, read_files
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_to_build
 from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
@@ -49,6 +49,7 @@ from tlsreload_plugins.outcome import (
     Status,
     warn_expiry,
     warn_revocation,
+    warn_unasked,
     warn_uncovered,
 )
 from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
@@ -122,13 +123,23 @@ if hasattr(os, "register_at_fork"):
 
 @dataclass(slots=True)
 class _OnDemand:
-    """What an ``on_demand`` reloader needs to build its context when first asked."""
+    """What an ``on_demand`` reloader needs to build its context when first asked (and, kept here rather than on
+    the reloader, whose attributes are counted, whether it shares its trust with its owner)."""
 
     recipe_for: RecipeFor
     validated: Snapshot | None = None
     """The bytes the newest context is built from."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """One build at a time: a second handshake waits for the first's."""
+    shares_trust: bool = False
+    """Its client-CA bundle and CRL are its owner's, which reports what concerns them (``shares_trust``)."""
+    served: str = ""
+    """With ``shares_trust``: :func:`~tlsreload_plugins.files.identity_fingerprint` of the bytes served, to tell a
+    reload that changed the shared trust alone."""
+
+
+_SHARED_TRUST = "shared trust:"
+"""Begins the key of a failure of a reloader sharing its trust that names the client-CA bundle or the CRL file."""
 
 
 _JUDGED_AT_FIRST_CHECK = Examined(fingerprint=None)
@@ -152,7 +163,8 @@ class Reloader:
     CRLs written together are one change; every context built checks client certificates against the CRLs validated
     (:func:`~tlsreload_plugins.revocation.check_revocation`). A CA of the bundle without a CRL is named at start
     (OpenSSL refuses the clients it issued), a warning comes ahead of the served CRLs' ``nextUpdate``, and an error
-    once it has passed (OpenSSL then refuses every client certificate).
+    once it has passed (OpenSSL then refuses every client certificate); a CRL that refuses nobody, the server's
+    context asking no client for a certificate (``CERT_NONE``), is named at the first check.
 
     ``on_reload(old_leaf, new_leaf)``, ``on_failure(error)`` and ``on_check(outcome, status)`` are called
     after a reload, after each newly reported failure and after every check. More can be added later with
@@ -171,6 +183,10 @@ class Reloader:
     identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
     ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again; with
     ``verdict``, the leaf its owner found ``last_good`` keeping for exactly those bytes, nor looked up again.
+    With ``shares_trust`` (``on_demand`` only), its ``ca_certs`` and ``crl`` are its owner's, which reports what
+    concerns them once for all its identities: this reloader logs at DEBUG a reload that changed only them, a
+    failure naming one of them and the end of that failure, and warns of no CA without a CRL nor of the CRL's
+    ``nextUpdate``; its :meth:`status` (and metrics) count those failures and reloads still.
 
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
@@ -194,7 +210,10 @@ class Reloader:
         on_demand: RecipeFor | None = None,
         read: Snapshot | None = None,
         verdict: Leaf | None = None,
+        shares_trust: bool = False,
     ) -> None:
+        if shares_trust and on_demand is None:
+            raise ValueError("shares_trust is for an on_demand reloader, whose owner reports its trust")
         crl = resolve_crl(crl)
         if crl and not ca_certs:
             raise ValueError(f"a CRL ({crl}) needs the client-CA bundle it revokes certificates of: ca_certs")
@@ -217,7 +236,7 @@ class Reloader:
         # At most 29 attributes in all: CPython shares one key table among instances of up to 30, and an
         # SNI server holds thousands of reloaders (a shared key table keeps each instance's dict small).
         # The context handed to the server, or what an on_demand reloader builds its contexts from.
-        demand = _OnDemand(on_demand) if on_demand is not None else None
+        demand = _OnDemand(on_demand, shares_trust=shares_trust) if on_demand is not None else None
         self._origin: ssl.SSLContext | _OnDemand | None = demand
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
         # so a handshake never pairs one context with another's callback. (None, None): not built yet.
@@ -235,6 +254,8 @@ class Reloader:
             live.sni_callback = self._on_client_hello
             self._created_on_newest(live, snapshot)
         self._fingerprint = fingerprint(snapshot)
+        if demand is not None and shares_trust:
+            demand.served = identity_fingerprint(snapshot)
         self._leaf = leaf
         self._known_bad: Examined | None = None
         self._fixed_warned: tuple[str, ...] = ()
@@ -244,7 +265,8 @@ class Reloader:
         self._switch_failed_logged = False
         self._route: Route | None = None
         self._warn_expiry(self._record.last_success)
-        warn_uncovered(log, leaf, self.files, None)
+        if self._reports_trust:
+            warn_uncovered(log, leaf, self.files, None)
         _reloaders.add(self)
         if start_error is not None:
             self._started_from_last_good(start_error)
@@ -358,6 +380,11 @@ class Reloader:
         when the files are usable again, warn that the served certificate expires). No I/O: called with the state
         lock held; what callbacks and the last good store are to do is left in the record's notices, for after it."""
         self._record.checks += 1
+        live = self._live
+        if self._record.checks == 1 and live is not None:
+            # At the first check, not at start: a server may set its verify mode once the context is built
+            # (cheroot's adapter is made, then its context told to require client certificates).
+            warn_unasked(log, self.files, live.verify_mode)
         if not self._hook_in_place():
             error = NotServable(
                 f"the server's SSL context no longer calls tlsreload's sni_callback (other code replaced it after "
@@ -376,6 +403,8 @@ class Reloader:
                 self._known_bad = examined
             level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
             key = f"{examined.fingerprint}:{examined.error}"
+            if not self._reports_trust and self._names_trust(examined.error):
+                level, key = logging.DEBUG, _SHARED_TRUST + key  # its owner reports it, once for all
             return self._record.failed(key, examined.error, settle and not starting, level, self._leaf)
         if examined.unchanged:
             self._succeeded(now)
@@ -396,26 +425,41 @@ class Reloader:
                 self.files.certfile,
                 ", ".join(examined.fixed_changes),
             )
+        level = logging.INFO
         if self._demand is not None:
             self._demand.validated = examined.snapshot
-        self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot)
+            if self._demand.shares_trust:
+                served = identity_fingerprint(examined.snapshot)
+                if served == self._demand.served:
+                    level = logging.DEBUG  # the shared trust alone changed: its owner says so
+                self._demand.served = served
+        self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot, level)
         if self._last_good is not None:
             # After the state lock is released: a shared store may wait for another process's write.
             self._record.notify([self._last_good.remember], examined.snapshot, examined.leaf)
         return Outcome.RELOADED
 
     def _swap(
-        self, context: ssl.SSLContext, leaf: Leaf, observed_fingerprint: str, now: float, snapshot: Snapshot
+        self,
+        context: ssl.SSLContext,
+        leaf: Leaf,
+        observed_fingerprint: str,
+        now: float,
+        snapshot: Snapshot,
+        level: int = logging.INFO,
     ) -> None:
-        """Make ``context`` the one new handshakes get. Established connections keep theirs."""
+        """Make ``context`` the one new handshakes get (``level``: of the line saying so). Established connections
+        keep theirs."""
         old = self._leaf
         self._newest_for_connections(context, snapshot)  # on demand too: built already, off the event loop
         self._fingerprint = observed_fingerprint
         self._known_bad = None
         self._leaf = leaf
         self._warned = (None, None)
-        warn_uncovered(log, leaf, self.files, old)
-        log.info(
+        if self._reports_trust:
+            warn_uncovered(log, leaf, self.files, old)
+        log.log(
+            level,
             "reloaded TLS certificate from %s: serial %s -> %s; now serving %s",
             self.files.certfile,
             old.serial,
@@ -426,15 +470,27 @@ class Reloader:
         self._record.reloaded(now, old, leaf)
 
     def _succeeded(self, now: float) -> None:
-        self._record.succeeded(now, self._leaf, self.files)
+        ended = self._record.settling.reported
+        shared = ended is not None and ended.startswith(_SHARED_TRUST)  # its owner says the trust is usable again
+        self._record.succeeded(now, self._leaf, self.files, logging.DEBUG if shared else logging.INFO)
         self._warn_expiry(now)
 
     def _warn_expiry(self, now: float) -> None:
         last_expiry, last_crl = self._warned
         self._warned = (
             warn_expiry(log, self._leaf, now, self.expiry_warning_days, last_expiry),
-            warn_revocation(log, self._leaf, self.files, now, last_crl),
+            warn_revocation(log, self._leaf, self.files, now, last_crl) if self._reports_trust else None,
         )
+
+    @property
+    def _reports_trust(self) -> bool:
+        """Whether this reloader reports what concerns its client-CA bundle and CRL (not one sharing its owner's)."""
+        return self._demand is None or not self._demand.shares_trust
+
+    def _names_trust(self, error: ReloadError) -> bool:
+        """Whether ``error`` is about the client-CA bundle or the CRL file (not the certificate or key)."""
+        path = getattr(error, "path", None)
+        return path is not None and path in (self.files.ca_certs, self.files.crl)
 
     def new_content(self) -> Snapshot | None:
         """What the files hold when a check would validate it, else ``None``

@@ -87,7 +87,8 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
         private_key_password: the key's password (without it, the first line of
             ``$TLSRELOAD_KEY_PASSWORD_FILE``, read again on every reload).
         crl: a PEM file of CRLs for the CAs of ``certificate_chain``, reloaded with it (default
-            ``$TLSRELOAD_CRL``, which is how CherryPy's ``server.ssl_module = "tlsreload"`` takes it).
+            ``$TLSRELOAD_CRL``: how an adapter CherryPy builds from its ``server.ssl_*`` settings takes it). It
+            refuses only clients asked for a certificate: set the context's verify mode, as for mutual TLS.
         interval: seconds between checks (default ``$TLSRELOAD_INTERVAL``, else 1).
         sni: directories of more identities chosen by server name (default ``$TLSRELOAD_SNI``).
         metrics: export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off).

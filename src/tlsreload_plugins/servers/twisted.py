@@ -56,7 +56,7 @@ log = logging.getLogger("tlsreload_plugins.twisted")
 
 EXTRA_KEYWORDS = ("interval", "sni", "keyPasswordFile", "caFile", "crlFile")
 """tlsreload's own keywords: seconds between checks, SNI directories (``os.pathsep``-separated, colons escaped
-``\\:``), a file holding the key's password, client CAs (client certificates then required)."""
+``\\:``), a file holding the key's password, client CAs (client certificates then required), the CRLs of those CAs."""
 _LISTEN_KEYWORDS = ("port", "interface", "backlog")
 _PEM_KEY = re.compile(rb"-----BEGIN ([A-Z ]*PRIVATE KEY)-----.+?-----END \1-----", re.DOTALL)
 _PEM_CERT = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----\r?\n?", re.DOTALL)

@@ -71,7 +71,9 @@ class SNIIdentities:
     configured files, but from ``files``; ``ca_certs`` (the client-CA bundle: a connection moved onto an identity's
     context verifies client certificates against that context's store) and its ``crl`` (the CRLs that store checks
     them against), ``password`` (the key password), ``interval`` and ``expiry_warning_days`` are the default
-    reloader's, shared by every identity. Identities whose files cannot be used when first seen are not served
+    reloader's, shared by every identity; what concerns the bundle and CRL (a change of them alone, a failure naming
+    one of them, a CA without a CRL, the CRL's ``nextUpdate``) the default reloader reports, once for all (each
+    identity's reloader ``shares_trust``). Identities whose files cannot be used when first seen are not served
     (their names get the default identity), and are tried again when their files change (and at least once a
     minute); with a ``store`` (the default reloader's last good store, shared by the server's processes), such an
     identity is served from the last good one any of the server's processes kept for its name, as the default
@@ -391,6 +393,7 @@ class SNIIdentities:
                 on_demand=self.recipe_for,
                 read=self._read_ahead.pop(name, None),
                 verdict=self._kept_ahead.get(name),
+                shares_trust=True,  # the default identity's bundle and CRL: it reports them, once
             )
         except (InvalidIdentity, TypeError) as e:
             reason = str(e)

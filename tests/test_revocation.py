@@ -17,9 +17,7 @@ tests/test_crl.py.
 from __future__ import annotations
 
 import datetime
-import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -36,7 +34,6 @@ from test_trust import ask, client, sessions_from_every_worker
 from test_uvicorn import drop_in as uvicorn_drop_in
 from tlsreload_plugins.settings import CRL_ENV
 from tlstest import (
-    HOST,
     Pair,
     RenameEachLayout,
     Server,
@@ -46,6 +43,7 @@ from tlstest import (
     replace_file,
     run_server,
     wait_until,
+    worker_status,
 )
 
 DEADLINE = 30.0
@@ -88,26 +86,12 @@ def statuses(port: int, ctx: ssl.SSLContext, workers: int) -> dict[int, dict[str
     found: dict[int, dict[str, object]] = {}
 
     def every_worker() -> bool:
-        answer = get_status(port, ctx)
-        if answer is not None:
-            found[answer[0]] = answer[1]
+        pid, status = worker_status(port, ctx)
+        found[pid] = status
         return len(found) >= workers
 
     wait_until(every_worker, DEADLINE, interval=0.01, what="the status of every worker")
     return found
-
-
-def get_status(port: int, ctx: ssl.SSLContext) -> tuple[int, dict[str, object]] | None:
-    with (
-        socket.create_connection((HOST, port), timeout=10) as raw,
-        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
-    ):
-        tls.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        response = b""
-        while chunk := tls.recv(65536):
-            response += chunk
-    body = json.loads(response.split(b"\r\n\r\n", 1)[1])
-    return int(body["pid"]), body["reloaders"][0]
 
 
 @pytest.fixture(params=list(server_kinds.KINDS))
@@ -265,6 +249,4 @@ def test_a_crl_no_client_is_asked_to_meet_is_named_once(ca: trustme.CA, tmp_path
 
 def checks(port: int, ctx: ssl.SSLContext) -> int:
     """How many checks the reloader of the process answering has made."""
-    answer = get_status(port, ctx)
-    assert answer is not None
-    return int(str(answer[1]["checks"]))
+    return int(worker_status(port, ctx)[1]["checks"])

@@ -6,7 +6,6 @@ in an own configuration, or ``$TLSRELOAD_SNI``; uvicorn and hypercorn through ``
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -14,14 +13,13 @@ import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trustme
 
 from revocation_steps import Mtls, admitted, revocation_holds
 from test_sni import NameHammer, install, sni_serial, trusting, verifying
-from tlstest import HOST, KubeletLayout, Pair, free_port, issue, run_server, serial_of, wait_until
+from tlstest import HOST, KubeletLayout, Pair, free_port, issue, run_server, serial_of, wait_until, worker_status
 
 TESTS = Path(__file__).parent
 INTERVAL = "0.3"
@@ -264,15 +262,15 @@ def test_sni_identities_share_the_default_identity_s_crl_reported_once(tmp_path:
 
         mtls.crl.write_bytes(b"-----BEGIN X509 CRL-----\nbm90IGEgQ1JM\n-----END X509 CRL-----\n")
         wait_until(lambda: "reload failed" in running.output(), DEADLINE, what="the refused CRL reported")
-        checks = default_status(port, other)["checks"]
-        wait_until(lambda: default_status(port, other)["checks"] >= checks + 3, DEADLINE, what="three more checks")
+        checks = worker_status(port, other)[1]["checks"]
+        wait_until(lambda: worker_status(port, other)[1]["checks"] >= checks + 3, DEADLINE, what="three more checks")
         assert not admitted(port, holder, "a.test"), "the identity dropped the last good CRL"
         assert admitted(port, other, "a.test")
 
         mtls.revoke(mtls.holder)
         wait_until(lambda: "usable again" in running.output(), DEADLINE, what="the new CRL served")
-        checks = default_status(port, other)["checks"]
-        wait_until(lambda: default_status(port, other)["checks"] >= checks + 3, DEADLINE, what="three more checks")
+        checks = worker_status(port, other)[1]["checks"]
+        wait_until(lambda: worker_status(port, other)[1]["checks"] >= checks + 3, DEADLINE, what="three more checks")
         code = running.stop()
         out = running.output()
     assert code in (0, -15), out
@@ -281,17 +279,3 @@ def test_sni_identities_share_the_default_identity_s_crl_reported_once(tmp_path:
     failed = [line for line in out.splitlines() if "reload failed" in line]
     assert len(failed) == 1 and str(mtls.crl) in failed[0], out
     assert len([line for line in out.splitlines() if "usable again" in line]) == 1, out
-
-
-def default_status(port: int, ctx: ssl.SSLContext) -> dict[str, Any]:
-    """The default identity's ``status()`` (hostile_apps' ``/status``)."""
-    with (
-        socket.create_connection((HOST, port), timeout=10) as raw,
-        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
-    ):
-        tls.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        response = b""
-        while chunk := tls.recv(65536):
-            response += chunk
-    found: dict[str, Any] = json.loads(response.partition(b"\r\n\r\n")[2])["reloaders"][0]
-    return found

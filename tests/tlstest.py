@@ -4,6 +4,7 @@ real TLS clients, and polling with deadlines. No mocks: everything here does rea
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
 import socket
@@ -162,6 +163,18 @@ def get(port: int, ctx: ssl.SSLContext, timeout: float = 10.0, server_name: str 
     if not response:
         raise ConnectionResetError("the connection was closed without a response")
     return serial_of(der), response
+
+
+def worker_status(port: int, ctx: ssl.SSLContext) -> tuple[int, dict[str, Any]]:
+    """``GET /status`` of hostile_apps on a new connection: the pid of the worker answering, and its first
+    reloader's ``status()``."""
+    with handshake(port, ctx) as tls:
+        tls.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        response = b""
+        while chunk := tls.recv(65536):
+            response += chunk
+    body = json.loads(response.partition(b"\r\n\r\n")[2])
+    return int(body["pid"]), body["reloaders"][0]
 
 
 def served_serial(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> str:

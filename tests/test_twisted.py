@@ -11,7 +11,6 @@ hostile files of the shared matrix run against daphne through ``kinds_twisted.py
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import re
 import signal
@@ -40,9 +39,9 @@ from tlstest import (
     client_context,
     free_port,
     get,
-    handshake,
     issue,
     run_server,
+    status_body,
     wait_for_serial,
     wait_until,
     with_password,
@@ -125,12 +124,7 @@ class Requests(Hammer):
 
 def status(port: int, ctx: ssl.SSLContext) -> dict[str, Any]:
     """The server's one reloader's ``status()``, from hostile_apps' ``/status``."""
-    with handshake(port, ctx) as tls:
-        tls.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        response = b""
-        while chunk := tls.recv(65536):
-            response += chunk
-    reloaders = json.loads(response.partition(b"\r\n\r\n")[2])["reloaders"]
+    reloaders = status_body(port, ctx)["reloaders"]
     assert len(reloaders) == 1, reloaders
     found: dict[str, Any] = reloaders[0]
     return found

@@ -165,15 +165,20 @@ def get(port: int, ctx: ssl.SSLContext, timeout: float = 10.0, server_name: str 
     return serial_of(der), response
 
 
-def worker_status(port: int, ctx: ssl.SSLContext) -> tuple[int, dict[str, Any]]:
-    """``GET /status`` of hostile_apps on a new connection: the pid of the worker answering, and its first
-    reloader's ``status()``."""
+def status_body(port: int, ctx: ssl.SSLContext) -> dict[str, Any]:
+    """``GET /status`` of hostile_apps on a new connection: ``{"pid": ..., "reloaders": [status, ...]}``."""
     with handshake(port, ctx) as tls:
         tls.sendall(b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         response = b""
         while chunk := tls.recv(65536):
             response += chunk
-    body = json.loads(response.partition(b"\r\n\r\n")[2])
+    body: dict[str, Any] = json.loads(response.partition(b"\r\n\r\n")[2])
+    return body
+
+
+def worker_status(port: int, ctx: ssl.SSLContext) -> tuple[int, dict[str, Any]]:
+    """The pid of the worker answering a new connection, and its first reloader's ``status()`` (:func:`status_body`)."""
+    body = status_body(port, ctx)
     return int(body["pid"]), body["reloaders"][0]
 
 

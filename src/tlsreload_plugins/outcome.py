@@ -119,6 +119,7 @@ class Record:
         "on_failure",
         "on_reload",
         "reloads",
+        "reported_level",
         "settling",
         "verb",
     )
@@ -130,6 +131,7 @@ class Record:
         self.last_reload: float | None = None
         self.last_error: str | None = None
         self.settling = Settling()
+        self.reported_level = logging.WARNING  # the level the failure reported last was logged at
         self.on_reload: list[Callable[[Leaf, Leaf], object]] = []
         self.on_failure: list[Callable[[ReloadError], object]] = []
         self.on_check: list[Callable[[Outcome, Status], object]] = []
@@ -168,11 +170,12 @@ class Record:
                 except Exception:
                     self.log.exception("tlsreload callback %r raised", callback)
 
-    def succeeded(self, now: float, leaf: Leaf, files: TLSFiles, level: int = logging.INFO) -> None:
-        """A check found ``files`` usable (``leaf``: what is served now); says so once, at ``level``, after a
-        reported failure."""
+    def succeeded(self, now: float, leaf: Leaf, files: TLSFiles) -> None:
+        """A check found ``files`` usable (``leaf``: what is served now); says so once after a reported failure, at
+        INFO, or at DEBUG where that failure was logged at DEBUG (its owner said it for others: see :meth:`failed`)."""
         self.last_success = now
         if self.settling.good():
+            level = logging.DEBUG if self.reported_level <= logging.DEBUG else logging.INFO
             self.log.log(
                 level, "%s files %s are usable again; %s %s", self.noun, files.describe(), self.verb, leaf.describe()
             )
@@ -188,6 +191,7 @@ class Record:
             return outcome
         self.last_error = str(error)
         self.failures += 1
+        self.reported_level = level
         self.log.log(
             level,
             "%s reload failed, still %s serial %s (not after %s): %s",

@@ -138,10 +138,6 @@ class _OnDemand:
     reload that changed the shared trust alone."""
 
 
-_SHARED_TRUST = "shared trust:"
-"""Begins the key of a failure of a reloader sharing its trust that names the client-CA bundle or the CRL file."""
-
-
 _JUDGED_AT_FIRST_CHECK = Examined(fingerprint=None)
 """The known bad content of a reloader that started on its last good identity before anyone judged the files."""
 
@@ -404,7 +400,7 @@ class Reloader:
             level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
             key = f"{examined.fingerprint}:{examined.error}"
             if not self._reports_trust and self._names_trust(examined.error):
-                level, key = logging.DEBUG, _SHARED_TRUST + key  # its owner reports it, once for all
+                level = logging.DEBUG  # its owner reports it, once for all
             return self._record.failed(key, examined.error, settle and not starting, level, self._leaf)
         if examined.unchanged:
             self._succeeded(now)
@@ -470,9 +466,7 @@ class Reloader:
         self._record.reloaded(now, old, leaf)
 
     def _succeeded(self, now: float) -> None:
-        ended = self._record.settling.reported
-        shared = ended is not None and ended.startswith(_SHARED_TRUST)  # its owner says the trust is usable again
-        self._record.succeeded(now, self._leaf, self.files, logging.DEBUG if shared else logging.INFO)
+        self._record.succeeded(now, self._leaf, self.files)
         self._warn_expiry(now)
 
     def _warn_expiry(self, now: float) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
@@ -166,8 +166,7 @@ def fixed_setting_changes(live: ssl.SSLContext, rebuilt: ssl.SSLContext) -> list
     return changes
 
 
-@dataclass(frozen=True)
-class Examined:
+class Examined(NamedTuple):
     """What one look at the files found, before anything is decided (see :meth:`Reloader.check`)."""
 
     fingerprint: str | None

@@ -13,7 +13,8 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from tlsreload_plugins.errors import InvalidIdentity
 
@@ -52,8 +53,7 @@ class TLSFiles:
         return " ".join(parts)
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """The bytes of each file as read in one check."""
 
     files: TLSFiles
@@ -194,7 +194,7 @@ def fingerprint(snapshot: Snapshot) -> str:
 def identity_fingerprint(snapshot: Snapshot) -> str:
     """A digest of the certificate and key files' content alone: what an identity serves, without the client-CA
     bundle and CRLs it may share with other identities (an SNI identity shares the default identity's)."""
-    return fingerprint(replace(snapshot, ca=None, crl=None))
+    return fingerprint(snapshot._replace(ca=None, crl=None))
 
 
 def password_text(password: Password) -> str | None:

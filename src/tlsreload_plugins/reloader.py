@@ -24,7 +24,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tlsreload_plugins.errors import InvalidIdentity, NotAtHand, NotServable, ReloadError
@@ -121,21 +120,27 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-@dataclass(slots=True)
 class _OnDemand:
     """What an ``on_demand`` reloader needs to build its context when first asked (and, kept here rather than on
-    the reloader, whose attributes are counted, whether it shares its trust with its owner)."""
+    the reloader, whose attributes are counted, whether it shares its trust with its owner).
 
-    recipe_for: RecipeFor
-    validated: Snapshot | None = None
-    """The bytes the newest context is built from."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """One build at a time: a second handshake waits for the first's."""
-    shares_trust: bool = False
-    """Its client-CA bundle and CRL are its owner's, which reports what concerns them (``shares_trust``)."""
-    served: str = ""
-    """With ``shares_trust``: :func:`~tlsreload_plugins.files.identity_fingerprint` of the bytes served, to tell a
-    reload that changed the shared trust alone."""
+    Attributes:
+        recipe_for: the server's recipe, aimed at other paths.
+        validated: the bytes the newest context is built from.
+        lock: one build at a time: a second handshake waits for the first's.
+        shares_trust: its client-CA bundle and CRL are its owner's, which reports what concerns them.
+        served: with ``shares_trust``: :func:`~tlsreload_plugins.files.identity_fingerprint` of the bytes served, to
+            tell a reload that changed the shared trust alone.
+    """
+
+    __slots__ = ("lock", "recipe_for", "served", "shares_trust", "validated")
+
+    def __init__(self, recipe_for: RecipeFor, *, shares_trust: bool = False) -> None:
+        self.recipe_for = recipe_for
+        self.validated: Snapshot | None = None
+        self.lock = threading.Lock()
+        self.shares_trust = shares_trust
+        self.served = ""
 
 
 _JUDGED_AT_FIRST_CHECK = Examined(fingerprint=None)

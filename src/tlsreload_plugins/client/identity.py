@@ -19,7 +19,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
@@ -373,5 +373,5 @@ def refuse_wrong_purpose(examined: Examined, files: TLSFiles, password: Password
     try:
         judge_purpose(examined.leaf, files)
     except InvalidIdentity as e:
-        return replace(examined, context=None, snapshot=None, leaf=None, error=e, password=password_digest(password))
+        return examined._replace(context=None, snapshot=None, leaf=None, error=e, password=password_digest(password))
     return examined

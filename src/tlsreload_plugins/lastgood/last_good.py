@@ -40,8 +40,8 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import NamedTuple
 
 from tlsreload_plugins import identity
 from tlsreload_plugins.errors import InvalidIdentity
@@ -163,8 +163,7 @@ def _kept_leaf(last_good: LastGood, snapshot: Snapshot, ask: bool) -> tuple[Leaf
     return (kept[1], False) if kept is not None and kept[0] == parts else (None, True)
 
 
-@dataclass(frozen=True)
-class LastGood:
+class LastGood(NamedTuple):
     """The newest identity a server served under one name, and how to build a context from it.
 
     Attributes:

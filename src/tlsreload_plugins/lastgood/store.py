@@ -25,8 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Snapshot
@@ -509,8 +508,7 @@ class SharedStore:
         return Keeper(self._map, read_end)
 
 
-@dataclass(frozen=True)
-class Keeper:
+class Keeper(NamedTuple):
     """The keeper's side of a :class:`SharedStore` (a spawn server's parent, which keeps the store current for its
     workers: :func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`): it waits for the workers' asks, and
     numbers its passes in the store's first bytes, so that a worker that asked knows when a pass that began after

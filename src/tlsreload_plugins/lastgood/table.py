@@ -14,7 +14,7 @@ import mmap
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tlsreload_plugins.identity import Leaf
 
@@ -159,8 +159,7 @@ def _decoded(payload: bytes) -> tuple[dict[str, Kept], dict[str, Refusal]]:
     return table, refusals
 
 
-@dataclass(frozen=True)
-class Index:
+class Index(NamedTuple):
     """Where a region's table keeps each content (offsets into the shared mapping) and which contents each
     identity has: a process serving thousands of identities copies out the few it reads, not the table."""
 
@@ -170,7 +169,7 @@ class Index:
     refusals: dict[str, tuple[int, int]]  # where each name's refusal lies in the mapping: offset, length
     # Leaves decoded so far, by content index: a region is never rewritten under the generation this index is
     # for, and a process taking thousands of verdicts at start looks each up more than once.
-    leaves: dict[int, Leaf] = field(default_factory=dict)
+    leaves: dict[int, Leaf]
 
     end: int = 0
     """Where in the mapping the table and the change records taken in end."""
@@ -187,7 +186,7 @@ class Index:
         cursor.blobs(starts, lengths)
         entries = cursor.entries(len(starts))
         refusals = cursor.refusals() if cursor.at < len(payload) else {}
-        return cls(starts, lengths, entries, refusals, end=start + len(payload))
+        return cls(starts, lengths, entries, refusals, {}, end=start + len(payload))
 
     def with_changes(self, records: Sequence[tuple[memoryview, int]]) -> Index:
         """This index with the change ``records`` taken in, in order (each an :func:`encode_change` record and

@@ -30,8 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import NoReturn, TypeVar
+from typing import NamedTuple, NoReturn, TypeVar
 
 from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.examine import Recipe, load_identity
@@ -108,8 +107,7 @@ def exit_if_cannot_serve(stop: int | Callable[[], NoReturn]) -> Iterator[None]:
             sys.exit(stop)
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(NamedTuple):
     """tlsreload's own settings for one server; ``None`` means "from the environment".
 
     Attributes:
@@ -160,8 +158,7 @@ class Settings:
         resolve_sni_directories(self.sni)
 
 
-@dataclass(frozen=True)
-class Waiting:
+class Waiting(NamedTuple):
     """How a worker the server restarted waits for usable files, when it has nothing valid to serve.
 
     Attributes:
@@ -177,8 +174,8 @@ class Waiting:
     leave: Callable[[], NoReturn]
     every: float = RETRY_DELAY
     signals: tuple[int, ...] = STOP_SIGNALS
-    stopped: Callable[[], bool] = field(default=lambda: False)
-    between: Callable[[], object] = field(default=lambda: None)
+    stopped: Callable[[], bool] = lambda: False
+    between: Callable[[], object] = lambda: None
 
 
 def retry_at_start(attempt: Callable[[], T]) -> T:

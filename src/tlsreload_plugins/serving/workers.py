@@ -25,8 +25,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import Recipe
@@ -55,8 +54,7 @@ log = logging.getLogger("tlsreload_plugins.workers")
 # -- forked workers ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Here:
+class _Here(NamedTuple):
     pid: int
     reloader: Reloader
     driver: ThreadDriver
@@ -144,8 +142,7 @@ ReloaderMaker = Callable[[Recipe, RecipeFor], Reloader]
 """Makes a worker's reloader from the recipes of the context its worker class builds (``serve(recipe, recipe_for)``)."""
 
 
-@dataclass(frozen=True)
-class WorkerClassGlue:
+class WorkerClassGlue(NamedTuple):
     """What a server's glue does with a worker class another server ships, which builds its TLS context its own
     way (gunicorn's ``uvicorn_worker.UvicornWorker``, aiohttp's ``GunicornWebWorker``).
 

@@ -279,14 +279,16 @@ def test_the_table_round_trips_and_refuses_what_it_did_not_write(ca: trustme.CA)
 
 def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_path: Path, ca: trustme.CA) -> None:
     """As uvicorn's and hypercorn's workers: the store travels with the process's arguments, the parent keeps
-    it (keep_newest_valid) and the worker loads no cryptography while what it finds on disk is valid."""
+    it (keep_newest_valid) and the worker loads no cryptography while what it finds on disk is valid. A worker
+    that starts while the files hold content nobody judged yet serves the kept identity at once (its start never
+    waits on the keeper's validation, a child process) and takes the keeper's verdict at its first check."""
     layout = KubeletLayout(tmp_path / "secret")
-    first, second, third = issue(ca), issue(ca), issue(ca)
+    first, second = issue(ca), issue(ca)
     layout.install(first)
     files = TLSFiles(str(layout.cert_path), str(layout.key_path))
     store = SharedStore()
     keep_newest_valid(lambda: {"": files}, None, store, interval=30.0)  # only asks make it look again
-    layout.install(second)  # new since the keeper looked: the worker has to ask at start already
+    layout.install(second)  # new since the keeper looked: judged when the worker's first check asks
     out = tmp_path / "worker"
 
     def result(step: str) -> dict[str, object]:
@@ -300,16 +302,15 @@ def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_p
     )
     worker.start()
     try:
-        assert result("start") == {"serial": second.serial, "outcome": None, "cryptography": False, "kept": True}
-        layout.install(third)
+        assert result("start") == {"serial": first.serial, "outcome": None, "cryptography": False, "kept": True}
         out.with_suffix(".step").write_text("reload")
-        assert result("reload") == {"serial": third.serial, "outcome": "reloaded", "cryptography": False, "kept": True}
-        assert store.read() == (third.chain, third.key, None, None)
+        assert result("reload") == {"serial": second.serial, "outcome": "reloaded", "cryptography": False, "kept": True}
+        assert store.read() == (second.chain, second.key, None, None)
         # A pair the keeper refuses: the worker takes the keeper's refusal (no cryptography loaded) and keeps
-        # serving the third.
-        layout.write_raw(first.chain, third.key)
+        # serving the second.
+        layout.write_raw(first.chain, second.key)
         out.with_suffix(".step").write_text("bad")
-        assert result("bad") == {"serial": third.serial, "outcome": "failed", "cryptography": False, "kept": True}
+        assert result("bad") == {"serial": second.serial, "outcome": "failed", "cryptography": False, "kept": True}
     finally:
         out.with_suffix(".step").write_text("stop")
         worker.join(30)

@@ -121,8 +121,9 @@ def verdict(
     identities at once asks nobody. When the keeper looked and kept no verdict, it refused them: the refusal
     it kept for exactly these bytes and ``password`` is raised; without one (a refusal for dates, a key
     password of its own) they are validated in this process (which loads ``cryptography``).
-    ``defer``: when validation would start a child, no keeper answered and an identity is kept for
-    ``last_good``'s name, it is not run: a process starting now serves what is kept at once.
+    ``defer``: when validation would start a child and an identity is kept for ``last_good``'s name, neither
+    it nor the keeper is waited for: a process starting now serves what is kept at once, and its first check
+    asks (a new worker's start does not wait on a validation the keeper runs in a child process).
     ``keep``: a refusal validation finds is kept in ``last_good`` for the server's other processes.
 
     Raises:
@@ -130,7 +131,8 @@ def verdict(
     """
     if last_good is None:
         return validate(snapshot, password)
-    leaf, keeper_refused = _kept_leaf(last_good, snapshot, ask)
+    deferred = defer and apart() and last_good.store.read(last_good.name) is not None
+    leaf, keeper_refused = _kept_leaf(last_good, snapshot, ask and not deferred)
     if leaf is not None:
         return leaf
     refused = last_good.refusal(snapshot, password)
@@ -138,7 +140,7 @@ def verdict(
         raise refused
     if keeper_refused:
         return identity.validate(snapshot, password)
-    if defer and apart() and last_good.store.read(last_good.name) is not None:
+    if deferred:
         raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")
     try:
         return validate(snapshot, password)

@@ -523,6 +523,7 @@ def machine() -> dict[str, str]:
         "tlsreload-plugins": _version("tlsreload-plugins"),
         "gunicorn": _version("gunicorn"),
         "uvicorn": _version("uvicorn"),
+        "hypercorn": _version("hypercorn"),
         "gevent": _version("gevent"),
         "cryptography": _version("cryptography"),
     }

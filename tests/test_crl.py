@@ -129,7 +129,10 @@ def test_a_leaf_with_its_crls_travels_as_json_and_through_the_store(mtls: Mtls) 
 # --- a reloader serving a CRL to real clients -------------------------------------------------------------------
 
 
-def test_revoke_and_unrevoke_reach_new_handshakes_and_no_old_session_resumes(mtls: Mtls) -> None:
+def test_revoke_and_unrevoke_reach_new_handshakes_and_no_old_session_resumes(
+    mtls: Mtls, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tlsreload_plugins")
     reloader = mtls.reloader()
     holder, other = mtls.client(mtls.holder), mtls.client(mtls.other)
     with serving(reloader.context) as port:
@@ -139,6 +142,9 @@ def test_revoke_and_unrevoke_reach_new_handshakes_and_no_old_session_resumes(mtl
         replace_file(mtls.crl, crl_pem(mtls.client_ca, mtls.holder))
         assert reloader.check() is Outcome.RELOADED
         assert reloader.status().leaf.revocation is not None
+        serial = reloader.status().leaf.serial  # the line says the certificate stayed, not "serial X -> X"
+        assert f"serial {serial} unchanged (a new key file, client-CA bundle or CRL)" in caplog.text, caplog.text
+        assert f"-> {serial}" not in caplog.text, caplog.text
         assert not gets_in(port, holder)[0], "a revoked client got in with a new handshake"
         assert not gets_in(port, holder, session)[0], "a session made before the revocation resumed"
         assert gets_in(port, other)[0], "a client nobody revoked was refused"

@@ -459,13 +459,14 @@ class Reloader:
         self._warned = (None, None)
         if self._reports_trust:
             warn_uncovered(log, leaf, self.files, old)
+        # The same certificate is reloaded when only its key file, the client-CA bundle or the CRL changed.
+        change = (
+            f"serial {leaf.serial} unchanged (a new key file, client-CA bundle or CRL)"
+            if leaf.sha256 == old.sha256
+            else f"serial {old.serial} -> {leaf.serial}"
+        )
         log.log(
-            level,
-            "reloaded TLS certificate from %s: serial %s -> %s; now serving %s",
-            self.files.certfile,
-            old.serial,
-            leaf.serial,
-            leaf.describe(),
+            level, "reloaded TLS certificate from %s: %s; now serving %s", self.files.certfile, change, leaf.describe()
         )
         self._succeeded(now)
         self._record.reloaded(now, old, leaf)

@@ -9,7 +9,6 @@ The reloaders are found in whichever adapter this process runs: ``tlsreload_plug
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -32,9 +31,16 @@ def reloaders() -> list[Any]:
     return found
 
 
+def plain(value: Any) -> Any:
+    """``value`` with each record in it (``Status``, its ``TLSFiles`` and ``Leaf``: NamedTuples) as a dict."""
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {name: plain(item) for name, item in value._asdict().items()}
+    return value
+
+
 def status_json() -> bytes:
     """``{"pid": ..., "reloaders": [status, ...]}`` with each ``Status`` as a dict (datetimes as text)."""
-    statuses = [dataclasses.asdict(reloader.status()) for reloader in reloaders()]
+    statuses = [plain(reloader.status()) for reloader in reloaders()]
     return json.dumps({"pid": os.getpid(), "reloaders": statuses}, default=str).encode()
 
 

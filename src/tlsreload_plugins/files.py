@@ -13,7 +13,6 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from tlsreload_plugins.errors import InvalidIdentity
@@ -27,8 +26,7 @@ public root about 220 KiB; anything larger is refused unread, so a 1 GB file or 
 configured path costs nothing."""
 
 
-@dataclass(frozen=True)
-class TLSFiles:
+class TLSFiles(NamedTuple):
     """The paths that make up one TLS identity.
 
     ``keyfile`` may be ``None`` when the key is in ``certfile`` (as :mod:`ssl` allows);

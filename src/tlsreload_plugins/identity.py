@@ -16,13 +16,11 @@ the calling process.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, password_bytes
@@ -44,8 +42,7 @@ _CERT_BEGIN = b"-----BEGIN CERTIFICATE-----"
 _CERT_END = b"-----END CERTIFICATE-----"
 
 
-@dataclass(frozen=True)
-class Leaf:
+class Leaf(NamedTuple):
     """What an operator wants to know about the certificate being served."""
 
     subject: str
@@ -344,7 +341,7 @@ def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
                 path=files.crl,
             )
         with _unexpected(files.crl, "the CRL"):
-            return dataclasses.replace(info, revocation=judge_crls(snapshot.crl, files.crl, cas))
+            return info._replace(revocation=judge_crls(snapshot.crl, files.crl, cas))
     return info
 
 

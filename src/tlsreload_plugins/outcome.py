@@ -15,8 +15,7 @@ import enum
 import logging
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.files import TLSFiles
@@ -37,8 +36,7 @@ class Outcome(enum.Enum):
     last good identity keeps serving."""
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(NamedTuple):
     """A consistent snapshot of a reloader's state, for health checks and metrics."""
 
     files: TLSFiles

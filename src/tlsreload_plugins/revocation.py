@@ -12,9 +12,8 @@ functions that parse, when first called (they run in the validating child, see
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tlsreload_plugins.errors import InvalidIdentity
 
@@ -29,8 +28,7 @@ WARNING_SHARE = 0.25
 that its issuer replaces halfway through, as usual, never gets near it."""
 
 
-@dataclass(frozen=True)
-class Revocation:
+class Revocation(NamedTuple):
     """What the CRLs served beside a client-CA bundle say, as a server needs to know it.
 
     Attributes:

@@ -22,7 +22,6 @@ server's worker processes: :mod:`tlsreload_plugins.serving.workers`; a server co
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -133,7 +132,7 @@ class Settings(NamedTuple):
         crl = resolve_crl(files.crl or self.crl)
         if crl and not files.ca_certs:
             raise ValueError(f"a CRL ({crl}) needs the client-CA bundle it revokes certificates of")
-        return dataclasses.replace(files, crl=crl)
+        return files._replace(crl=crl)
 
     def check(self, *, as_options: bool = False) -> None:
         """Raise :class:`ValueError` naming the first setting (or environment variable) that is not usable.

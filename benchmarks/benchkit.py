@@ -326,8 +326,10 @@ def running_server(
         stop_process_group(proc)
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU time (user + system) used so far by the live processes of process group ``pgid`` (Linux)."""
+def group_cpu_seconds(pgid: int, reaped: bool = False) -> float:
+    """CPU time (user + system) used so far by the live processes of process group ``pgid`` (Linux); with
+    ``reaped``, also what each has reaped of its children (a server's whole cost since it started, the workers it
+    replaced included)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
     for entry in os.scandir("/proc"):
@@ -339,7 +341,7 @@ def group_cpu_seconds(pgid: int) -> float:
         except OSError:  # the process ended meanwhile
             continue
         if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
+            total += sum(int(field) for field in fields[11 : 15 if reaped else 13])  # utime, stime (cutime, cstime)
     return total / ticks
 
 

@@ -24,7 +24,6 @@ ratio is reported beside it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -51,24 +50,6 @@ def recycled_command(server: str, plugin: bool, volume: kit.KubeletDir) -> Any:
         return [*base, option, MAX_REQUESTS]
 
     return command
-
-
-def tree_cpu_seconds(pgid: int) -> float:
-    """CPU (user + system) of the live processes of group ``pgid``, with what each has reaped of its children:
-    a server's whole cost since it started, the workers it replaced included (Linux)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        if int(fields[2]) == pgid:
-            total += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
-    return total / ticks
 
 
 class Side:
@@ -104,7 +85,7 @@ def one_round(server: str, plugin_first: bool, volumes: dict[bool, kit.KubeletDi
         servers = {srv.plugin: srv for srv in (a, b)}
         seen = {plugin: Side() for plugin in servers}
         stop = threading.Event()
-        cpu_before = {plugin: tree_cpu_seconds(srv.proc.pid) for plugin, srv in servers.items()}
+        cpu_before = {plugin: kit.group_cpu_seconds(srv.proc.pid, reaped=True) for plugin, srv in servers.items()}
         threads = [
             threading.Thread(target=clients, args=(srv.port, seen[plugin], stop), daemon=True)
             for plugin, srv in servers.items()
@@ -122,7 +103,7 @@ def one_round(server: str, plugin_first: bool, volumes: dict[bool, kit.KubeletDi
             "plugin" if plugin else "stock": {
                 "answered": seen[plugin].answered,
                 "failed": seen[plugin].failed,
-                "cpu": tree_cpu_seconds(srv.proc.pid) - cpu_before[plugin],
+                "cpu": kit.group_cpu_seconds(srv.proc.pid, reaped=True) - cpu_before[plugin],
             }
             for plugin, srv in servers.items()
         }

@@ -131,8 +131,11 @@ def verdict(
     """
     if last_good is None:
         return validate(snapshot, password)
-    deferred = defer and apart() and last_good.store.read(last_good.name) is not None
-    leaf, keeper_refused = _kept_leaf(last_good, snapshot, ask and not deferred)
+    leaf = _kept_leaf(last_good, snapshot)
+    deferred = leaf is None and defer and apart() and last_good.store.read(last_good.name) is not None
+    keeper_refused = False
+    if leaf is None and ask and not deferred:
+        leaf, keeper_refused = _asked_leaf(last_good, snapshot)
     if leaf is not None:
         return leaf
     refused = last_good.refusal(snapshot, password)
@@ -150,19 +153,19 @@ def verdict(
         raise
 
 
-def _kept_leaf(last_good: LastGood, snapshot: Snapshot, ask: bool) -> tuple[Leaf | None, bool]:
-    """The leaf ``last_good``'s store keeps for exactly the bytes of ``snapshot``, or ``None``; and whether a
-    keeper, asked with ``ask``, looked at the files since they hold these bytes and kept no verdict for them."""
-    parts = snapshot.parts
-    if not ask:  # compared in place, nothing copied out of the shared memory
-        return last_good.store.verdicts_on({last_good.name: parts}).get(last_good.name), False
-    kept = last_good.store.verdict(last_good.name)
-    if kept is not None and kept[0] == parts:
-        return kept[1], False
+def _kept_leaf(last_good: LastGood, snapshot: Snapshot) -> Leaf | None:
+    """The leaf ``last_good``'s store keeps for exactly the bytes of ``snapshot``, or ``None`` (compared in place,
+    nothing copied out of the shared memory)."""
+    return last_good.store.verdicts_on({last_good.name: snapshot.parts}).get(last_good.name)
+
+
+def _asked_leaf(last_good: LastGood, snapshot: Snapshot) -> tuple[Leaf | None, bool]:
+    """:func:`_kept_leaf` once the keeper has looked at the files (asked to), and whether it kept no verdict for
+    these bytes (it refused them); ``(None, False)`` when no keeper answered."""
     if not last_good.store.ask(name=last_good.name):
         return None, False
-    kept = last_good.store.verdict(last_good.name)
-    return (kept[1], False) if kept is not None and kept[0] == parts else (None, True)
+    leaf = _kept_leaf(last_good, snapshot)
+    return leaf, leaf is None
 
 
 class LastGood(NamedTuple):

@@ -23,13 +23,14 @@ import trustme
 from spawned import serve_and_reload
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
-from tlsreload_plugins.files import Snapshot
+from tlsreload_plugins.files import Snapshot, read_files
 from tlsreload_plugins.identity import validate
 from tlsreload_plugins.lastgood import store as store_module
 from tlsreload_plugins.lastgood.last_good import LastGood, keep_newest_valid
 from tlsreload_plugins.lastgood.memory_files import in_memory_files
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.lastgood.table import decode, encode
+from tlsreload_plugins.sni.ahead import judged
 from tlstest import KubeletLayout, Pair, client_context, issue, served_serial, wait_for_child, wait_until
 
 
@@ -205,6 +206,51 @@ def test_without_a_keeper_nobody_is_asked_and_a_silent_keeper_is_waited_for_boun
     started = time.monotonic()
     assert store.ask(wait=0.2) is False
     assert 0.2 <= time.monotonic() - started < 5
+
+
+class Unreported:
+    """SNI identities whose changes the kernel does not report: the keeper looks at those it is asked about."""
+
+    def __init__(self, identities: dict[str, TLSFiles]) -> None:
+        self.identities = identities
+
+    def __call__(self) -> dict[str, TLSFiles]:
+        return self.identities
+
+    def tick(self, interval: float) -> tuple[dict[str, TLSFiles], set[str]]:
+        return dict(self.identities), set()
+
+
+def test_one_ask_about_many_renewals_has_the_keeper_judge_them_and_the_asker_none(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    """A spawn server's worker whose check found renewals of its SNI identities asks the keeper once about all of
+    them (``judged(..., ask=True)``), and takes the keeper's verdicts and refusals: it validates none itself (it
+    would otherwise start a validation child of its own, as would every other worker, for the same bytes)."""
+    names = [f"renewed-{index:02d}.example.com" for index in range(40)]  # one ask: one write to the keeper's pipe
+    identities = {name: TLSFiles(str(tmp_path / f"{name}.crt"), str(tmp_path / f"{name}.key")) for name in names}
+    for name, files in identities.items():
+        first = issue(ca, name)
+        Path(files.certfile).write_bytes(first.chain)
+        Path(files.keyfile).write_bytes(first.key)
+    store = SharedStore()
+    keep_newest_valid(Unreported(identities), None, store, interval=30.0)  # only asks make it look again
+    renewed = {name: issue(ca, name) for name in names}
+    mismatched = names[-1]
+    for name, pair in renewed.items():
+        Path(identities[name].certfile).write_bytes(pair.chain)
+        Path(identities[name].keyfile).write_bytes(issue(ca).key if name == mismatched else pair.key)
+    read = {name: read_files(files) for name, files in identities.items()}
+
+    kept, to_validate = judged(read, None, store, recipe_for)  # not asked: nobody looked at the renewals yet
+    assert kept == {} and len(to_validate) == len(names)
+
+    kept, to_validate = judged(read, None, store, recipe_for, ask=True)
+    assert to_validate == []  # a verdict or a refusal for each: nothing left to validate here
+    assert {name: leaf.serial for name, leaf in kept.items()} == {
+        name: pair.serial for name, pair in renewed.items() if name != mismatched
+    }
+    assert LastGood(store, recipe_for, mismatched).refusal(read[mismatched], None) is not None
 
 
 def test_in_memory_files_build_a_context_and_leave_nothing_on_disk(ca: trustme.CA) -> None:

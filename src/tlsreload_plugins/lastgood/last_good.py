@@ -162,7 +162,7 @@ def _kept_leaf(last_good: LastGood, snapshot: Snapshot) -> Leaf | None:
 def _asked_leaf(last_good: LastGood, snapshot: Snapshot) -> tuple[Leaf | None, bool]:
     """:func:`_kept_leaf` once the keeper has looked at the files (asked to), and whether it kept no verdict for
     these bytes (it refused them); ``(None, False)`` when no keeper answered."""
-    if not last_good.store.ask(name=last_good.name):
+    if not last_good.store.ask(names=(last_good.name,)):
         return None, False
     leaf = _kept_leaf(last_good, snapshot)
     return leaf, leaf is None

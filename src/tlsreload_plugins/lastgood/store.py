@@ -61,6 +61,16 @@ kept once). Address space only: the pages written are the only memory used."""
 _MAX_ASK = 512
 """An ask naming an identity is at most this long (POSIX guarantees atomic pipe writes of 512 bytes)."""
 
+_ASK_WRITE = max(_MAX_ASK, getattr(select, "PIPE_BUF", _MAX_ASK))
+"""The most bytes of asks written to the keeper's pipe at once: written whole (4096 on Linux), so a hundred
+names reach the keeper in one read, and one pass looks at all of them."""
+
+ASK_POLL = 0.016
+"""The longest pause, in seconds, between two looks of a worker that asked (:meth:`SharedStore.ask`) at whether the
+keeper's pass has completed. A pass that validates takes a child process, a tenth of a second or more; a thread
+that woke every millisecond would take the GIL from the worker's event loop as often, and on a busy machine the
+loop would then wait for that thread to be given a CPU."""
+
 LOCK_WAIT = 2.0
 """Seconds a write waits for another process's write to end before giving up (it logs why)."""
 
@@ -476,27 +486,33 @@ class SharedStore:
 
     # -- the keeper -----------------------------------------------------------------------------
 
-    def ask(self, wait: float = ASK_WAIT, name: str | None = None) -> bool:
+    def ask(self, wait: float = ASK_WAIT, names: Collection[str] | None = None) -> bool:
         """Have the keeper (:func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`, in a spawn server's
-        parent) look at the files now (those of identity ``name`` at least; ``None``: every identity), and wait
-        until it has: ``True`` then; ``False`` at once when this store has no keeper (gunicorn's), or after
-        ``wait`` seconds when the keeper does not answer. Blocking."""
+        parent) look at the files now (those of the identities ``names`` at least; ``None``: every identity), and
+        wait until it has: ``True`` then; ``False`` at once when this store has no keeper (gunicorn's), or after
+        ``wait`` seconds when the keeper does not answer. Blocking.
+
+        One ask names any number of identities: a worker's check that found a hundred renewals asks once, and
+        the keeper validates them in one child for every worker, rather than each worker in its own.
+
+        Example: ``store.ask(names=["api.example.com"])``.
+        """
         if self._asks is None:
             return False
         begun = _passes(self._map)[0]
-        label = name.encode() if name is not None else b"\0"
-        asked = label + b"\n" if len(label) < _MAX_ASK and b"\n" not in label else b"\0\n"  # \0: all of them
         try:
-            os.write(self._asks, asked)  # at most PIPE_BUF bytes: written whole, never interleaved
+            for asked in _asks(names):
+                os.write(self._asks, asked)  # at most PIPE_BUF bytes: written whole, never interleaved
         except BlockingIOError:
             pass  # the pipe is full of asks the keeper has yet to read: it will look
         except OSError:
             return False  # the keeper is gone
-        deadline = time.monotonic() + wait
+        deadline, pause = time.monotonic() + wait, 0.001
         while _passes(self._map)[1] <= begun:  # until a pass that began after the ask has completed
             if time.monotonic() > deadline:
                 return False
-            time.sleep(0.001)
+            time.sleep(pause)
+            pause = min(2 * pause, ASK_POLL)
         return True
 
     def keep(self) -> Keeper:
@@ -506,6 +522,26 @@ class SharedStore:
         os.set_blocking(write_end, False)  # shared with the children: a full pipe never blocks a worker
         self._asks = write_end
         return Keeper(self._map, read_end)
+
+
+def _asks(names: Collection[str] | None) -> Iterator[bytes]:
+    """The writes to the keeper's pipe that ask about ``names`` (``None``: every identity): lines of names, each
+    write at most :data:`_ASK_WRITE` bytes; a name that cannot be a line of its own asks about every identity."""
+    if names is None:
+        yield b"\0\n"  # \0: all of them
+        return
+    pending = b""
+    for name in names:
+        label = name.encode(errors="replace")
+        if len(label) >= _MAX_ASK or b"\n" in label or b"\0" in label:  # the default identity's name is empty
+            yield b"\0\n"
+            return
+        if len(pending) + len(label) + 1 > _ASK_WRITE:
+            yield pending
+            pending = b""
+        pending += label + b"\n"
+    if pending:
+        yield pending
 
 
 class Keeper(NamedTuple):

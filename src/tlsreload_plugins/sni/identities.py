@@ -48,7 +48,7 @@ from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.reloader import Offload, Reloader
 from tlsreload_plugins.settings import resolve_interval
-from tlsreload_plugins.sni.ahead import read_ahead
+from tlsreload_plugins.sni.ahead import judged, read_ahead
 from tlsreload_plugins.sni.contexts import ContextCache
 from tlsreload_plugins.sni.discovery import is_alive, resolve_directories
 from tlsreload_plugins.sni.summary import Summary, summarize
@@ -304,8 +304,10 @@ class SNIIdentities:
         def gather() -> list[tuple[Snapshot, Password]]:
             ahead = read_ahead(adding, found, (self.ca_certs, self.crl), self.password, self.store, self.recipe_for)
             self._read_ahead, self._kept_ahead = ahead.read, ahead.kept  # not read nor looked up again by _add
-            changed = (current[name].new_content() for name in dirty & wanted if name in current and apart)
-            return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
+            changed = {name: current[name].new_content() for name in dirty & wanted if name in current and apart}
+            renewed = {name: snapshot for name, snapshot in changed.items() if snapshot is not None}
+            # A spawn server's keeper validates renewals once for every worker: asked, rather than a child each.
+            return ahead.to_validate + judged(renewed, self.password, self.store, self.recipe_for, ask=True)[1]
 
         items = run(gather) if adding or (dirty and apart) else []
         return validate_apart.prejudged(items, run=run) if apart else contextlib.nullcontext()

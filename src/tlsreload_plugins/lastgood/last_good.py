@@ -52,7 +52,7 @@ from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes
 from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
 from tlsreload_plugins.revocation import check_revocation
 from tlsreload_plugins.validation.apart import apart, validate, validate_many
-from tlsreload_plugins.validation.child import Unjudged
+from tlsreload_plugins.validation.child import Resident, Unjudged
 
 log = logging.getLogger("tlsreload_plugins.lastgood")
 
@@ -245,6 +245,11 @@ def keep_newest_valid(
     parent: its children start as fresh interpreters, not as a bare ``fork()`` of it. Where the store
     cannot be shared with them (:func:`shared_with_spawned_processes`), one WARNING says so: each
     worker then gets a copy of the store when it starts, and judges new content itself.
+
+    The keeper validates in one child it keeps between passes (a
+    :class:`~tlsreload_plugins.validation.child.Resident`), which leaves once it has waited
+    :data:`~tlsreload_plugins.validation.child.RESIDENT_IDLE` seconds for new content: renewals of
+    SNI identities, coming pass after pass, start Python and import ``cryptography`` once.
     """
     why_not = shared_with_spawned_processes()
     if why_not is not None:
@@ -254,6 +259,7 @@ def keep_newest_valid(
             why_not,
         )
     keeper = store.keep()
+    resident = Resident()  # renewals coming pass after pass are validated by one child, not one child a pass
 
     # The content judged last, by name; not set for a pair refused for its dates only, which time changes.
     seen: dict[str, str] = {}
@@ -271,7 +277,7 @@ def keep_newest_valid(
             if look is not None:  # those the kernel saw change, a slice of the others, those asked about, new ones
                 look = None if asked is None else look | asked | {name for name in found if name not in seen}
             names = [name for name in found if look is None or name in look]
-            judged, valid, refused = _keep_if_valid({name: found[name] for name in names}, password, seen)
+            judged, valid, refused = _keep_if_valid({name: found[name] for name in names}, password, seen, resident)
             seen.update(judged)
             store.write_many(valid)  # one write for all of them
             store.refuse_many(refused)  # before the pass ends: a worker that asked takes it, not cryptography
@@ -279,6 +285,7 @@ def keep_newest_valid(
     def keep() -> None:
         while True:
             keep_all(keeper.wait(interval))
+            resident.stop_if_idle()
 
     keep_all(None)  # before the server starts its first processes: each gets every verdict
     thread = threading.Thread(target=keep, name="tlsreload-last-good", daemon=True)
@@ -325,14 +332,14 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
 
 
 def _keep_if_valid(
-    identities: Mapping[str, TLSFiles], password: Password, seen: Mapping[str, str]
+    identities: Mapping[str, TLSFiles], password: Password, seen: Mapping[str, str], resident: Resident | None = None
 ) -> tuple[dict[str, str], dict[str, tuple[Snapshot, Leaf | None]], dict[str, tuple[str, InvalidIdentity]]]:
     """Of ``identities`` (name: files), the fingerprint of the content judged at each one's files (not given
     when it must be judged again: unreadable, or refused for its dates), the identities to keep: those whose
     content is new (not the one ``seen`` gives the name) and valid, and the refusals to keep for the others
     (name: :func:`content_key`, refusal), which the workers take rather than validate those bytes again. The
     new contents are validated in one batch (:func:`~tlsreload_plugins.validation.apart.validate_many`: one child
-    process, one per CPU for thousands)."""
+    process, ``resident`` when given, one per CPU for thousands)."""
     judged: dict[str, str] = {}
     new: dict[str, tuple[Snapshot, str]] = {}
     for name, files in identities.items():
@@ -348,7 +355,7 @@ def _keep_if_valid(
     kept: dict[str, tuple[Snapshot, Leaf | None]] = {}
     refused: dict[str, tuple[str, InvalidIdentity]] = {}
     now = datetime.now(timezone.utc)
-    leaves = validate_many([(snapshot, password) for snapshot, _ in new.values()])
+    leaves = validate_many([(snapshot, password) for snapshot, _ in new.values()], resident)
     for (name, (snapshot, current)), leaf in zip(new.items(), leaves, strict=True):
         if isinstance(leaf, InvalidIdentity):
             judged[name] = current  # unusable content is not parsed again on every check

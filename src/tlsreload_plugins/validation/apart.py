@@ -40,7 +40,14 @@ from tlsreload_plugins import identity
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, password_bytes
 from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.validation.child import ChildUnavailable, Unjudged, Verdict, unforeseen, validate_in_child
+from tlsreload_plugins.validation.child import (
+    ChildUnavailable,
+    Resident,
+    Unjudged,
+    Verdict,
+    unforeseen,
+    validate_in_child,
+)
 from tlsreload_plugins.validation.process import original
 
 __all__ = ["PER_CHILD", "VALIDATE_ENV", "Unjudged", "apart", "prejudged", "validate", "validate_many"]
@@ -103,17 +110,18 @@ def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
     return verdict
 
 
-def validate_many(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
+def validate_many(items: Sequence[tuple[Snapshot, Password]], resident: Resident | None = None) -> list[Verdict]:
     """The verdict on each identity of ``items`` (bytes, key password), in order: judged by one child when
     :func:`apart` (a batch of :data:`PER_CHILD` identities or more is split across up to one child per CPU this
     process may use, run at once), else in this process. Blocking; never raises for what the bytes hold (an error
-    nobody foresaw is a refusal naming the files).
+    nobody foresaw is a refusal naming the files). ``resident``: the one child is that one, kept between calls
+    (:class:`~tlsreload_plugins.validation.child.Resident`), for a caller that validates again and again.
 
     Example: ``validate_many([(read_files(files), None) for files in found.values()])``.
     """
     parts = min(_cpus(), len(items) // PER_CHILD) if apart() else 1
     if parts < 2:
-        return _in_a_child(items)
+        return _in_a_child(items, resident)
     size = -(-len(items) // parts)
     chunks = [items[start : start + size] for start in range(0, len(items), size)]
     return [
@@ -157,14 +165,15 @@ def _at_once(work: Sequence[Callable[[], list[Verdict]]]) -> list[list[Verdict]]
     return [result or [] for result in results if not isinstance(result, BaseException)]
 
 
-def _in_a_child(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
+def _in_a_child(items: Sequence[tuple[Snapshot, Password]], resident: Resident | None = None) -> list[Verdict]:
     """:func:`validate_many` with one child (a new one for the rest after one stopped over an identity)."""
     global _fallback
     verdicts: list[Verdict] = []
     if items and apart():
         try:
             while len(verdicts) < len(items):  # a child stopped over one identity: a new one for the rest
-                verdicts += validate_in_child(items[len(verdicts) :])
+                rest = items[len(verdicts) :]
+                verdicts += resident.validate(rest) if resident is not None else validate_in_child(rest)
         except ChildUnavailable as e:
             with _lock:
                 first, _fallback = _fallback is None, _fallback or str(e)

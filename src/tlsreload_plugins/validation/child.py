@@ -8,7 +8,8 @@ each certificate, key, CA bundle, CRL and password bytes, and the error reading 
 followed by those bytes end to end: secrets go through the pipe, never through arguments or the environment.
 The child imports ``cryptography``, answers ``{"ready": true}``, then one JSON line per identity, in order:
 ``["leaf", ...]`` or ``["invalid", message, path]``. It leaves at the end of its input. Nothing it writes is
-unpickled or executed.
+unpickled or executed. A :class:`Resident` child is written one batch after another (``sys.path`` once) and its
+input ended when it has waited :data:`RESIDENT_IDLE` seconds for the next.
 
 The parent's CPU goes to waking and parsing, so it does little of either per identity: a group has one header
 and one write, the pipe is written to when the child has taken something (:data:`FEED_PAUSE`), verdicts gather
@@ -29,6 +30,7 @@ from native threads, gevent's hub threadpool included, where the cooperative ver
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -42,11 +44,25 @@ from tlsreload_plugins.files import Password, Snapshot, TLSFiles
 from tlsreload_plugins.identity import Leaf, validate
 from tlsreload_plugins.validation.process import above_stdio, ended, frames, inherited, original, select_flag, widen
 
-__all__ = ["ITEM_WAIT", "START_WAIT", "ChildUnavailable", "Verdict", "serve", "unforeseen", "validate_in_child"]
+__all__ = [
+    "ITEM_WAIT",
+    "RESIDENT_IDLE",
+    "START_WAIT",
+    "ChildUnavailable",
+    "Resident",
+    "Verdict",
+    "serve",
+    "unforeseen",
+    "validate_in_child",
+]
 
 START_WAIT = 30.0
 """Seconds a child may take to start and import ``cryptography`` (far less, even on a loaded machine) before it is
 given up on."""
+
+RESIDENT_IDLE = 30.0
+"""Seconds a :class:`Resident` child waits for its next batch before :meth:`Resident.stop_if_idle` stops it: a
+burst of renewals (SNI identities renewed a few at a time, one keeper pass after another) pays for one start."""
 
 ITEM_WAIT = 10.0
 """Seconds a child may take over one identity (milliseconds: validation is linear in the files' size) before it
@@ -115,6 +131,77 @@ def validate_in_child(
     """
     if not items:
         return []
+    return _started(command).judge(items, start_wait, item_wait, keep=False)
+
+
+class Resident:
+    """A child kept between batches, for a caller that validates again and again: a spawn server's keeper, through
+    the renewals of many SNI identities, starts Python and imports ``cryptography`` once for a burst of passes
+    rather than once a pass. The child leaves when :meth:`stop_if_idle` finds it waited :attr:`idle` seconds for a
+    batch, when it stalls or crashes over one (as a child of :func:`validate_in_child` would), or when this process
+    ends (the end of its input). One batch at a time: a caller meanwhile gets a child of its own.
+
+    Example: ``verdicts = resident.validate(items)``, then now and then ``resident.stop_if_idle()``.
+    """
+
+    def __init__(self, idle: float = RESIDENT_IDLE) -> None:
+        self.idle = idle
+        self._lock = original("_thread", "allocate_lock")()
+        self._talk: _Talk | None = None
+        self._used = 0.0
+
+    def validate(
+        self,
+        items: Sequence[tuple[Snapshot, Password]],
+        *,
+        command: Sequence[str] | None = None,
+        start_wait: float = START_WAIT,
+        item_wait: float = ITEM_WAIT,
+    ) -> list[Verdict]:
+        """:func:`validate_in_child`, by the resident child (started first when there is none).
+
+        Raises:
+            ChildUnavailable: as :func:`validate_in_child`.
+        """
+        if not items:
+            return []
+        if not self._lock.acquire(False):
+            return validate_in_child(items, command=command, start_wait=start_wait, item_wait=item_wait)
+        try:
+            talk = self._talk
+            if talk is None or talk.reaped:
+                talk = self._talk = _started(command)
+            verdicts = talk.judge(items, start_wait, item_wait, keep=True)
+            self._used = time.monotonic()
+            return verdicts
+        finally:
+            if self._talk is not None and self._talk.reaped:
+                self._talk = None
+            self._lock.release()
+
+    def stop_if_idle(self) -> None:
+        """Stop the child when it has waited :attr:`idle` seconds or more for a batch (it is reaped)."""
+        if not self._lock.acquire(False):
+            return  # a batch under way
+        try:
+            if self._talk is not None and time.monotonic() - self._used >= self.idle:
+                self._talk.close()
+                self._talk = None
+        finally:
+            self._lock.release()
+
+    @property
+    def alive(self) -> bool:
+        """Whether a child is kept."""
+        return self._talk is not None
+
+
+def _started(command: Sequence[str] | None) -> _Talk:
+    """A new child, its standard streams three pipes of this process (see the module's description).
+
+    Raises:
+        ChildUnavailable: it could not be started.
+    """
     argv = list(command) if command is not None else [sys.executable, "-I", "-S", "-c", _BOOT, _PACKAGE]
     if not argv[0]:
         raise ChildUnavailable("this Python does not know its own executable (sys.executable is empty)")
@@ -136,25 +223,17 @@ def validate_in_child(
     for fd in (into_child, out_of_child, errors_of_child):
         close(fd)
     widen(to_child, _PIPE_BYTES)
-    talk = _Talk(pid, to_child, from_child, errors, frames(items, sys.path), len(items))
-    try:
-        return talk.run(items, start_wait, item_wait)
-    except BaseException:  # a signal handler's exception, say: the child is not left behind
-        if not talk.reaped:
-            talk.reap(kill=True)
-        raise
-    finally:
-        for fd in (to_child, from_child, errors):
-            if fd not in talk.closed:
-                close(fd)
+    return _Talk(pid, to_child, from_child, errors)
 
 
 class _Talk:
-    """One conversation with one child: feed it, read its verdicts, stop it when it stalls, reap it."""
+    """The conversation with one child: feed it, read its verdicts, stop it when it stalls, reap it."""
 
-    def __init__(self, pid: int, to_child: int, from_child: int, errors: int, frames: Iterator[bytes], count: int):
+    def __init__(self, pid: int, to_child: int, from_child: int, errors: int):
         self.pid, self.to_child, self.from_child, self.errors = pid, to_child, from_child, errors
-        self.frames, self.count = frames, count
+        self.frames: Iterator[bytes] = iter(())
+        self.count = 0
+        self.fed = False  # whether a batch was written to it (the first carries this process's sys.path)
         self.closed: set[int] = set()
         self.pending = memoryview(b"")
         self.out = bytearray()
@@ -163,19 +242,52 @@ class _Talk:
         self.reaped = False
         self.verdicts: list[Verdict] = []
 
-    def run(self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float) -> list[Verdict]:
+    def judge(
+        self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float, keep: bool
+    ) -> list[Verdict]:
+        """The verdicts on ``items`` (see :func:`validate_in_child`); ``keep``: the child stays for another batch
+        (unless it stalled or ended), else it is reaped and the pipes closed."""
+        batch = frames(items, sys.path)
+        self.frames = batch if not self.fed else itertools.islice(batch, 1, None)  # its sys.path: once
+        self.fed, self.count, self.verdicts = True, len(items), []
+        try:
+            return self.run(items, start_wait, item_wait, keep)
+        except BaseException:  # a signal handler's exception, say: the child is not left behind
+            if not self.reaped:
+                self.reap(kill=True)
+            raise
+        finally:
+            if self.reaped or not keep:
+                self._close_all()
+
+    def close(self) -> None:
+        """End the child's input (it leaves), reap it, close the pipes."""
+        try:
+            if not self.reaped:
+                self.reap(kill=False)
+        finally:
+            self._close_all()
+
+    def _close_all(self) -> None:
+        for fd in (self.to_child, self.from_child, self.errors):
+            if fd not in self.closed:
+                self._close(fd)
+
+    def run(
+        self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float, keep: bool
+    ) -> list[Verdict]:
         os.set_blocking(self.to_child, False)
         poller = original("select", "poll")()
         for fd in (self.from_child, self.errors):
             poller.register(fd, select_flag("POLLIN"))
-        deadline = time.monotonic() + start_wait
+        deadline = time.monotonic() + (item_wait if self.ready else start_wait)
         gone, feeding, feed_at = False, True, 0.0
         pause = original("time", "sleep")
         while len(self.verdicts) < self.count and not gone:
             now = time.monotonic()
             if feeding and now >= feed_at:  # the pipe is written to when due, not woken for at each page it frees
                 feeding, feed_at = self._feed(), now + FEED_PAUSE
-                if not feeding:
+                if not feeding and not keep:
                     self._close(self.to_child)
             left = deadline - now
             if left <= 0:
@@ -191,7 +303,8 @@ class _Talk:
                         if self.ready and 0 < len(self.verdicts) < self.count:
                             pause(min(BATCH_PAUSE, (self.count - len(self.verdicts)) / 1000))  # let them gather
         if len(self.verdicts) == self.count:
-            self.reap(kill=False)
+            if not keep:
+                self.reap(kill=False)
             return self.verdicts
         how = self.reap(kill=not gone)
         detail = self._stderr_tail()

@@ -46,6 +46,26 @@ DEADLINE = 30.0
 DROPPED = re.compile(r"ConnectionResetError|SSLEOFError|BrokenPipeError|EOF occurred|UNEXPECTED_EOF|timed out")
 
 
+STOCK_SHUTDOWN_ERROR = re.compile(
+    r"[^\n]*unhandled exception during asyncio\.run\(\) shutdown\ntask: [^\n]*\n(?:[ \t][^\n]*\n)*"
+)
+"""What asyncio logs when a task raised as ``asyncio.run()`` ended: a hypercorn worker stopping (HUP) with a request
+mid-body answers it 500, and h11 refuses (``LocalProtocolError: can't handle event type Response when
+role=SERVER and state=SEND_BODY``), inside an exception group whose lines are all indented."""
+
+
+def without_stock_shutdown_errors(output: str) -> str:
+    """``output`` less the blocks :data:`STOCK_SHUTDOWN_ERROR` matches that are h11's refusal and name no module of
+    ours: stock hypercorn logs them in the same situation (seen without tlsreload: 15 under ``--max-requests 20``
+    and two clients)."""
+
+    def kept(match: re.Match[str]) -> str:
+        block = match.group(0)
+        return "" if "LocalProtocolError" in block and "tlsreload" not in block else block
+
+    return STOCK_SHUTDOWN_ERROR.sub(kept, output)
+
+
 def children(pid: int) -> set[int]:
     """The processes whose parent is ``pid`` (a gunicorn arbiter's workers, a uvicorn supervisor's children)."""
     found = set()
@@ -197,6 +217,27 @@ def test_uvicorn_children_killed_on_broken_files_serve_the_last_good(tmp_path: P
     assert "stopping the parent process" not in output
 
 
+def test_only_stock_hypercorn_s_shutdown_errors_are_left_out() -> None:
+    """The output the restarts test forgives: h11's refusal as asyncio logs it at a stopping worker's shutdown; not
+    a traceback through our modules, nor one outside such a block."""
+    group = (
+        "  + Exception Group Traceback (most recent call last):\n"
+        '  |   File "/venv/hypercorn/asyncio/task_group.py", line 29, in _handle\n'
+        "  | ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)\n"
+        "  +-+---------------- 1 ----------------\n"
+        "    | Traceback (most recent call last):\n"
+        '    |   File "/venv/hypercorn/protocol/h11.py", line 140, in stream_send\n'
+        "    | h11._util.LocalProtocolError: can't handle event type Response when role=SERVER and state=SEND_BODY\n"
+        "    +------------------------------------\n"
+    )
+    stock = "unhandled exception during asyncio.run() shutdown\ntask: <Task finished name='Task-7'>\n" + group
+    ours = stock.replace("/venv/hypercorn/protocol/h11.py", "/venv/tlsreload_plugins/reloader.py")
+    other = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: no\n'
+    assert without_stock_shutdown_errors("before\n" + stock + "after\n") == "before\nafter\n"
+    assert without_stock_shutdown_errors(ours) == ours
+    assert without_stock_shutdown_errors(stock + other).count("Traceback") == 1
+
+
 @pytest.mark.parametrize("worker_class", ["asyncio", "trio"])
 def test_hypercorn_workers_restarted_by_hup_on_broken_files_serve_the_last_good(
     tmp_path: Path, ca: trustme.CA, worker_class: str
@@ -239,8 +280,9 @@ def test_hypercorn_workers_restarted_by_hup_on_broken_files_serve_the_last_good(
     assert output.count(LAST_GOOD) == 4, output  # two workers started on each broken HUP
     assert WAITING not in output, output
     # Stock hypercorn's asyncio worker (Python 3.11's asyncio streams) logs this traceback for connections it
-    # cancels as a HUP stops it (measured without tlsreload too): none other may appear.
-    assert output.count("Traceback") == output.count("Exception in callback StreamReaderProtocol"), output
+    # cancels as a HUP stops it, and h11's refusal of a 500 mid-body (measured without tlsreload too): no other.
+    rest = without_stock_shutdown_errors(output)
+    assert rest.count("Traceback") == rest.count("Exception in callback StreamReaderProtocol"), output
 
 
 @pytest.mark.parametrize("server_kind", ["gunicorn", "uvicorn", "hypercorn"])

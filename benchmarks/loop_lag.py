@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.default = sni_scale.default_identity(mint)
     rotations = Rotations(mint, root, leaves, args.rotate, args.every)
     rotations.among = min(args.asked or len(leaves), len(leaves))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TLSRELOAD_INTERVAL": sni_scale.INTERVAL, "TLSRELOAD_SNI": str(root)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TLSRELOAD_INTERVAL": args.interval, "TLSRELOAD_SNI": str(root)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(kit.BENCH_DIR), env.get("PYTHONPATH", "")) if p)
     env.pop("TLSRELOAD_METRICS", None)
     rows = []
@@ -337,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="clients name (and rotations pick) only the first N identities (0: all): with N under the contexts "
         "kept, handshakes build no context and what is left is the cost of the checks",
+    )
+    parser.add_argument(
+        "--interval",
+        default=sni_scale.INTERVAL,
+        help="TLSRELOAD_INTERVAL of the plugin's servers (1): a long one (600) leaves the rotations unchecked, to "
+        "tell what the checks cost from what the load does",
     )
     parser.add_argument(
         "--watch",

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -217,6 +218,13 @@ def test_a_resident_child_judges_batch_after_batch_until_it_has_waited_idle(ca: 
         assert len(started) == 1 and resident.alive  # the same child, still there
     resident.stop_if_idle()  # not idle long enough
     assert resident.alive and children() - before == started
+    # Killed while it waited for a batch: the next batch gets a new child, and verdicts, not a refusal.
+    os.kill(int(next(iter(started)).split()[0]), signal.SIGKILL)
+    again = issue(ca)
+    assert resident.validate([(snapshot_of(again.chain, again.key, "after"), None)])[0] == in_process(
+        snapshot_of(again.chain, again.key, "after")
+    )
+    assert len(children() - before) == 1 and children() - before != started
     resident.idle = 0.0
     resident.stop_if_idle()
     assert not resident.alive

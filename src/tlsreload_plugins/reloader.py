@@ -37,7 +37,7 @@ from tlsreload_plugins.examine import (
     load_identity,
     new_content,
 )
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_fingerprint, read_files
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_hash, read_files
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_to_build
 from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
@@ -129,8 +129,8 @@ class _OnDemand:
         validated: the bytes the newest context is built from.
         lock: one build at a time: a second handshake waits for the first's.
         shares_trust: its client-CA bundle and CRL are its owner's, which reports what concerns them.
-        served: with ``shares_trust``: :func:`~tlsreload_plugins.files.identity_fingerprint` of the bytes served, to
-            tell a reload that changed the shared trust alone.
+        served: with ``shares_trust``: :func:`~tlsreload_plugins.files.identity_hash` of the bytes served, to tell
+            a reload that changed the shared trust alone (``None``: no trust shared, nothing to tell).
     """
 
     __slots__ = ("lock", "recipe_for", "served", "shares_trust", "validated")
@@ -140,7 +140,7 @@ class _OnDemand:
         self.validated: Snapshot | None = None
         self.lock = threading.Lock()
         self.shares_trust = shares_trust
-        self.served = ""
+        self.served: int | None = None
 
 
 _JUDGED_AT_FIRST_CHECK = Examined(fingerprint=None)
@@ -256,7 +256,7 @@ class Reloader:
             self._created_on_newest(live, snapshot)
         self._fingerprint = fingerprint(snapshot)
         if demand is not None and shares_trust:
-            demand.served = identity_fingerprint(snapshot)
+            demand.served = identity_hash(snapshot)
         self._leaf = leaf
         self._known_bad: Examined | None = None
         self._fixed_warned: tuple[str, ...] = ()
@@ -430,8 +430,8 @@ class Reloader:
         if self._demand is not None:
             self._demand.validated = examined.snapshot
             if self._demand.shares_trust:
-                served = identity_fingerprint(examined.snapshot)
-                if served == self._demand.served:
+                served = identity_hash(examined.snapshot)
+                if served is not None and served == self._demand.served:
                     level = logging.DEBUG  # the shared trust alone changed: its owner says so
                 self._demand.served = served
         self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot, level)

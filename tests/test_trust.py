@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import re
 import socket
@@ -29,12 +30,14 @@ from pathlib import Path
 
 import pytest
 import trustme
+from prometheus_client import CollectorRegistry
 
 import server_kinds
 from hostile import place_good
 from test_hostile import TESTS, server_env
 from tls_server import make_recipe
 from tlsreload_plugins import Outcome, Reloader
+from tlsreload_plugins.metrics import observe
 from tlstest import (
     HOST,
     Pair,
@@ -363,12 +366,12 @@ def refused_as_resumed(early: InMemory, straddled: Straddle, holder: Pair) -> No
 
 @pytest.mark.parametrize("name", list(VERSIONS))
 def test_a_connection_accepted_before_a_client_ca_change_handshakes_with_the_new_trust(
-    name: str, ca: trustme.CA, tmp_path: Path
+    name: str, ca: trustme.CA, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A connection the server accepted before the change, whose ClientHello comes after it (a straddler), makes a
     full handshake verified against the new bundle; it would resume from the session cache of the context it was
-    created on, so a resumed session is refused once its handshake completed. The next connection gets the new
-    context, where sessions made after the change resume."""
+    created on, so a resumed session is refused once its handshake completed, counted in status() and metrics and
+    said once. The next connection gets the new context, where sessions made after the change resume."""
     client_cas = [trustme.CA(), trustme.CA()]
     cert, key, bundle = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
     pair = issue(ca, "localhost")
@@ -380,13 +383,24 @@ def test_a_connection_accepted_before_a_client_ca_change_handshakes_with_the_new
     removed, kept = issue(client_cas[0], "removed.example"), issue(client_cas[1], "kept.example")
     straddled = straddle(name, reloader, ca, [removed, kept])
     early = [InMemory(reloader.context) for _ in range(4)]
+    registry = CollectorRegistry()
+    assert observe(reloader, registry)
 
     trust(bundle, client_cas[1])  # the first CA removed
     assert reloader.check() is Outcome.RELOADED
     assert early[0].answer(straddled.client(kept)).ok, "a still-trusted client's full handshake was refused"
     assert not early[1].answer(straddled.client(removed)).ok, "the removed CA's client got in on a straddler"
-    refused_as_resumed(early[2], straddled, removed)
-    refused_as_resumed(early[3], straddled, kept)  # its session too: it was made on the old context
+    assert reloader.status().refused_resumptions == 0  # full handshakes: nothing resumed
+    with caplog.at_level(logging.INFO, logger="tlsreload_plugins"):
+        refused_as_resumed(early[2], straddled, removed)
+        refused_as_resumed(early[3], straddled, kept)  # its session too: it was made on the old context
+    assert reloader.status().refused_resumptions == 2
+    assert len([r for r in caplog.records if "refused a TLS session resumed" in r.getMessage()]) == 1
+    assert reloader.check() is Outcome.UNCHANGED  # metrics take the count at a check
+    assert (
+        registry.get_sample_value("tlsreload_refused_resumptions_total", {"certfile": str(cert), "identity": "default"})
+        == 2
+    )
     assert not InMemory(reloader.context).answer(straddled.client(removed), straddled.sessions[id(removed)]).ok
     straddled.kept.append(InMemory(reloader.context))
     made_after = straddled.kept[-1].answer(straddled.client(kept))

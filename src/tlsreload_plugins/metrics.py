@@ -15,6 +15,8 @@ identity, an SNI identity's name for that identity, see :mod:`tlsreload_plugins.
   the next check, takes one attempt per check);
 * ``tlsreload_reload_successes_total``: reloads, i.e. new certificates being served;
 * ``tlsreload_reload_failures_total``: failures reported (one per distinct bad content);
+* ``tlsreload_refused_resumptions_total``: TLS sessions refused because they were resumed across a change of the
+  client-CA bundle or its CRLs (:attr:`~tlsreload_plugins.outcome.Status.refused_resumptions`), counted at checks;
 * ``tlsreload_certificate_not_after_timestamp_seconds``: when the served certificate expires;
 * ``tlsreload_last_success_timestamp_seconds``: when a check last found a usable identity on disk;
 * ``tlsreload_crl_next_update_timestamp_seconds``: with a CRL file configured, the earliest ``nextUpdate`` of the
@@ -129,6 +131,7 @@ class _Families:
     attempts: Counter
     successes: Counter
     failures: Counter
+    refused_resumptions: Counter
     not_after: Gauge
     last_success: Gauge
     crl_next_update: Gauge
@@ -178,6 +181,12 @@ def _create(registry: CollectorRegistry | None) -> _Families:
         failures=Counter(
             "tlsreload_reload_failures",
             "Reload failures reported (one per distinct unusable content); the last good certificate keeps serving.",
+            labels,
+            registry=target,
+        ),
+        refused_resumptions=Counter(
+            "tlsreload_refused_resumptions",
+            "TLS sessions refused because they were resumed across a change of the client-CA bundle or its CRLs.",
             labels,
             registry=target,
         ),
@@ -248,6 +257,7 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         attempts = families.attempts.labels(certfile, identity)
         successes = families.successes.labels(certfile, identity)
         failures = families.failures.labels(certfile, identity)
+        refused_resumptions = families.refused_resumptions.labels(certfile, identity)
         not_after = families.not_after.labels(certfile, identity)
         last_success = families.last_success.labels(certfile, identity)
         # Only for a reloader serving CRLs: a server without them shows no series.
@@ -255,6 +265,8 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         status = reloader.status()
         failures.inc(status.failures)  # reported before metrics were set up (a start on the last good identity)
         attempts.inc(status.failures)
+        refused = [status.refused_resumptions]  # counted so far: each check adds those since
+        refused_resumptions.inc(refused[0])
         not_after.set(status.leaf.not_after.timestamp())
         last_success.set(status.last_success)
         _set_next_update(crl_next_update, status.leaf)
@@ -279,6 +291,9 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         not_after.set(status.leaf.not_after.timestamp())
         last_success.set(status.last_success)
         _set_next_update(crl_next_update, status.leaf)
+        if status.refused_resumptions > refused[0]:
+            refused_resumptions.inc(status.refused_resumptions - refused[0])
+            refused[0] = status.refused_resumptions
 
     reloader.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
     return True

@@ -57,6 +57,10 @@ class Status(NamedTuple):
     """New certificates put in service."""
     failures: int
     """Failures reported (one per distinct problem, not one per check)."""
+    refused_resumptions: int = 0
+    """TLS sessions refused because they were resumed across a change of the client-CA bundle or its CRLs, on a
+    connection accepted before it (:mod:`tlsreload_plugins.resumption`); each client's next connection makes a full
+    handshake against the new trust."""
 
 
 class Settling:
@@ -116,6 +120,7 @@ class Record:
         "on_check",
         "on_failure",
         "on_reload",
+        "refused_resumptions",
         "reloads",
         "reported_level",
         "settling",
@@ -124,7 +129,7 @@ class Record:
 
     def __init__(self, log: logging.Logger, noun: str, verb: str, now: float) -> None:
         self.log, self.noun, self.verb = log, noun, verb
-        self.checks = self.reloads = self.failures = 0
+        self.checks = self.reloads = self.failures = self.refused_resumptions = 0
         self.last_success = now
         self.last_reload: float | None = None
         self.last_error: str | None = None
@@ -208,6 +213,11 @@ class Record:
         self.last_reload = now
         self.notify(self.on_reload, old, new)
 
+    def refused_resumption(self) -> bool:
+        """A session resumed across a change of trust was refused: counted. Whether it is the first (said once)."""
+        self.refused_resumptions += 1
+        return self.refused_resumptions == 1
+
     def status(self, files: TLSFiles, interval: float, leaf: Leaf) -> Status:
         """The :class:`Status` of an identity checked every ``interval`` seconds in ``files``, serving ``leaf``."""
         return Status(
@@ -220,6 +230,7 @@ class Record:
             checks=self.checks,
             reloads=self.reloads,
             failures=self.failures,
+            refused_resumptions=self.refused_resumptions,
         )
 
 

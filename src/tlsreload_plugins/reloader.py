@@ -538,7 +538,7 @@ class Reloader:
         straddler = (
             newest is not live and live in _trust_of and _trust_of[live] != _trust_of.get(newest, _trust_of[live])
         )
-        if straddler and not refuse_if_resumed(conn):
+        if straddler and not refuse_if_resumed(conn, self._refused_resumption):
             return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
         route = self._route
         if route is not None:
@@ -556,6 +556,19 @@ class Reloader:
         if user_callback is not None:
             return user_callback(conn, server_name, newest)
         return None
+
+    def _refused_resumption(self) -> None:
+        """A straddler's resumed session was refused (in its handshake's thread): counted in :meth:`status`, and said
+        once."""
+        with self._lock:
+            first = self._record.refused_resumption()
+        if first:
+            log.info(
+                "refused a TLS session resumed from before the client-CA bundle or CRLs of %s changed, on a connection "
+                "accepted before: its client's next connection makes a full handshake against the new trust "
+                "(refusals are counted in status().refused_resumptions and metrics, not logged again)",
+                self.files.describe(),
+            )
 
     @property
     def _live(self) -> ssl.SSLContext | None:

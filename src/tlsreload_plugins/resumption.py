@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["check_handshakes", "refuse_if_resumed"]
@@ -42,6 +43,9 @@ class _HandshakeChecked:
     """Whether the handshake has completed and passed the check: reads and writes go straight through."""
     _tlsreload_refused = False
 
+    _tlsreload_on_refused: Callable[[], object] | None = None
+    """Called when the check refuses a straddler's resumed session (see :func:`refuse_if_resumed`)."""
+
     def do_handshake(self, *args: Any, **kwargs: Any) -> Any:
         if self._tlsreload_refused:
             raise Straddled(ssl.SSL_ERROR_SSL, "a session resumed across a trust change was refused")
@@ -53,6 +57,9 @@ class _HandshakeChecked:
         if self._tlsreload_straddler and self.session_reused:  # type: ignore[attr-defined]
             self._tlsreload_refused = True
             log.debug("refused a TLS session resumed on a connection created before the trust changed")
+            on_refused = self._tlsreload_on_refused
+            if on_refused is not None:
+                on_refused()
             close = getattr(self, "close", None)
             if close is not None:  # a socket; an SSLObject's transport is closed by its server on the error
                 close()
@@ -119,12 +126,13 @@ def check_handshakes(context: ssl.SSLContext) -> None:
         context.sslobject_class = _checking_class(object_class, _HandshakeChecked)
 
 
-def refuse_if_resumed(conn: Any) -> bool:
+def refuse_if_resumed(conn: Any, on_refused: Callable[[], object] | None = None) -> bool:
     """For a ClientHello callback that found ``conn`` created on a context of an older trust (a straddler): have
     its handshake refuse it if it resumes a session, once the handshake completed, before a byte is read.
 
     Args:
         conn: the connection the ClientHello callback was given (an SSLObject or SSLSocket).
+        on_refused: called, in the thread making the handshake, if its resumed session is refused (to count it).
 
     Returns:
         ``True`` when its handshake will be checked so (the callback may move it onto the newest context, where a
@@ -139,4 +147,5 @@ def refuse_if_resumed(conn: Any) -> bool:
     if not isinstance(conn, _HandshakeChecked) or not conn._tlsreload_in_handshake:
         return False
     conn._tlsreload_straddler = True
+    conn._tlsreload_on_refused = on_refused
     return True

@@ -172,9 +172,15 @@ class Resident:
             if talk is not None and not talk.alive():  # ended while it waited (killed, say): not this batch's doing
                 talk.close()
                 talk = None
+            reused = talk is not None
             if talk is None:
                 talk = self._talk = _started(command)
             verdicts = talk.judge(items, start_wait, item_wait, keep=True)
+            if reused and talk.ended and not talk.verdicts:
+                # It ended before a verdict on this batch: killed as it waited, unseen until written to. Not the
+                # first identity's doing; a new child judges the batch.
+                talk = self._talk = _started(command)
+                verdicts = talk.judge(items, start_wait, item_wait, keep=True)
             self._used = time.monotonic()
             return verdicts
         finally:
@@ -237,6 +243,7 @@ class _Talk:
         self.frames: Iterator[bytes] = iter(())
         self.count = 0
         self.fed = False  # whether a batch was written to it (the first carries this process's sys.path)
+        self.ended = False  # whether it ended by itself before the last verdict of the batch (not stopped)
         self.closed: set[int] = set()
         self.pending = memoryview(b"")
         self.out = bytearray()
@@ -320,6 +327,7 @@ class _Talk:
             if not keep:
                 self.reap(kill=False)
             return self.verdicts
+        self.ended = gone
         how = self.reap(kill=not gone)
         detail = self._stderr_tail()
         if not self.ready:

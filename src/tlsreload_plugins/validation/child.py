@@ -169,15 +169,12 @@ class Resident:
             return validate_in_child(items, command=command, start_wait=start_wait, item_wait=item_wait)
         try:
             talk = self._talk
-            if talk is not None and not talk.alive():  # ended while it waited (killed, say): not this batch's doing
-                talk.close()
-                talk = None
             reused = talk is not None
             if talk is None:
                 talk = self._talk = _started(command)
             verdicts = talk.judge(items, start_wait, item_wait, keep=True)
             if reused and talk.ended and not talk.verdicts:
-                # It ended before a verdict on this batch: killed as it waited, unseen until written to. Not the
+                # It ended before a verdict on this batch: killed as it waited, seen only once written to. Not the
                 # first identity's doing; a new child judges the batch.
                 talk = self._talk = _started(command)
                 verdicts = talk.judge(items, start_wait, item_wait, keep=True)
@@ -269,17 +266,6 @@ class _Talk:
         finally:
             if self.reaped or not keep:
                 self._close_all()
-
-    def alive(self) -> bool:
-        """Whether the child is still there: not ended (it is reaped if it has), nor reaped by someone else."""
-        if self.reaped:
-            return False
-        try:
-            pid, _ = original("os", "waitpid")(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid = self.pid
-        self.reaped = pid != 0
-        return not self.reaped
 
     def close(self) -> None:
         """End the child's input (it leaves), reap it, close the pipes."""

@@ -32,8 +32,8 @@ def reloaders() -> list[Any]:
 
 
 def plain(value: Any) -> Any:
-    """``value`` with each record in it (``Status``, its ``TLSFiles`` and ``Leaf``: NamedTuples) as a dict."""
-    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+    """``value`` with each record in it (``Status``, its ``TLSFiles`` and ``Leaf``) as a dict."""
+    if hasattr(value, "_asdict"):
         return {name: plain(item) for name, item in value._asdict().items()}
     return value
 

@@ -171,17 +171,19 @@ def test_the_core_imports_no_cryptography_until_it_parses(tmp_path: Path) -> Non
     assert "tlsreload_plugins.sni" in public and "cryptography" not in public, result.stdout
 
 
-def test_a_worker_s_imports_make_no_data_class() -> None:
+def test_a_worker_s_imports_make_no_data_class_nor_named_tuple() -> None:
     """A new worker of a spawn server (tlsreload-uvicorn, tlsreload-hypercorn) is a new interpreter that imports the
-    glue before it serves: every data class on that path costs the start about 0.8 ms of generated methods (a
-    NamedTuple a quarter of that), and the start is measured against stock's (``benchmarks/worker_start.py``)."""
+    glue before it serves: a data class or a NamedTuple generates its class as it is defined, many times what a
+    slotted class costs (docs/restarts.md), and the start is measured against stock's (``benchmarks/worker_start.py``,
+    ``benchmarks/recycle_throughput.py``). The package's records are :class:`~tlsreload_plugins.frozen.FrozenRecord`."""
     import subprocess
 
     code = (
         "import dataclasses, sys, tlsreload_plugins.uvicorn, tlsreload_plugins.hypercorn, tlsreload_plugins.gunicorn;"
         "print(sorted(f'{name}.{key}' for name, module in list(sys.modules.items())"
         " if name.startswith('tlsreload_plugins') for key, value in vars(module).items()"
-        " if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == name))"
+        " if isinstance(value, type) and value.__module__ == name"
+        " and (dataclasses.is_dataclass(value) or (issubclass(value, tuple) and hasattr(value, '_fields')))))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]", result.stdout

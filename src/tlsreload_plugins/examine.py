@@ -13,10 +13,10 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import NamedTuple
 
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, password_digest, verdict
 from tlsreload_plugins.lastgood.memory_files import check_revocation_of
@@ -166,23 +166,62 @@ def fixed_setting_changes(live: ssl.SSLContext, rebuilt: ssl.SSLContext) -> list
     return changes
 
 
-class Examined(NamedTuple):
+class Examined(FrozenRecord):
     """What one look at the files found, before anything is decided (see :meth:`Reloader.check`)."""
 
+    _fields = (
+        "fingerprint",
+        "snapshot",
+        "unchanged",
+        "leaf",
+        "context",
+        "error",
+        "changed_while_building",
+        "fixed_changes",
+        "password",
+        "refused",
+    )
+    __slots__ = _fields
     fingerprint: str | None
     """Digest of the content read, ``None`` when it could not be read."""
-    snapshot: Snapshot | None = None
-    unchanged: bool = False
-    leaf: Leaf | None = None
-    context: ssl.SSLContext | None = None
-    error: ReloadError | None = None
-    changed_while_building: bool = False
-    fixed_changes: tuple[str, ...] = ()
-    password: str = ""
+    snapshot: Snapshot | None
+    unchanged: bool
+    leaf: Leaf | None
+    context: ssl.SSLContext | None
+    error: ReloadError | None
+    changed_while_building: bool
+    fixed_changes: tuple[str, ...]
+    password: str
     """Digest of the key password the content was judged with: a new password is a new verdict."""
-    refused: InvalidIdentity | None = None
+    refused: InvalidIdentity | None
     """Validation's refusal of the content itself (not for its dates, nor the recipe's), which the server's other
     processes may take for the same bytes and password (:attr:`content_key`); ``None`` otherwise."""
+
+    def __init__(
+        self,
+        fingerprint: str | None,
+        snapshot: Snapshot | None = None,
+        unchanged: bool = False,
+        leaf: Leaf | None = None,
+        context: ssl.SSLContext | None = None,
+        error: ReloadError | None = None,
+        changed_while_building: bool = False,
+        fixed_changes: tuple[str, ...] = (),
+        password: str = "",
+        refused: InvalidIdentity | None = None,
+    ) -> None:
+        self._set(
+            fingerprint,
+            snapshot,
+            unchanged,
+            leaf,
+            context,
+            error,
+            changed_while_building,
+            fixed_changes,
+            password,
+            refused,
+        )
 
     @property
     def content_key(self) -> str:

@@ -13,9 +13,9 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable
-from typing import NamedTuple
 
 from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.frozen import FrozenRecord
 
 Password = str | bytes | Callable[[], str | bytes] | None
 """A key password as :meth:`ssl.SSLContext.load_cert_chain` accepts it."""
@@ -26,7 +26,7 @@ public root about 220 KiB; anything larger is refused unread, so a 1 GB file or 
 configured path costs nothing."""
 
 
-class TLSFiles(NamedTuple):
+class TLSFiles(FrozenRecord):
     """The paths that make up one TLS identity.
 
     ``keyfile`` may be ``None`` when the key is in ``certfile`` (as :mod:`ssl` allows);
@@ -34,10 +34,17 @@ class TLSFiles(NamedTuple):
     an optional PEM file of certificate revocation lists for the CAs of that bundle (it needs ``ca_certs``).
     """
 
+    _fields = ("certfile", "keyfile", "ca_certs", "crl")
+    __slots__ = _fields
     certfile: str
-    keyfile: str | None = None
-    ca_certs: str | None = None
-    crl: str | None = None
+    keyfile: str | None
+    ca_certs: str | None
+    crl: str | None
+
+    def __init__(
+        self, certfile: str, keyfile: str | None = None, ca_certs: str | None = None, crl: str | None = None
+    ) -> None:
+        self._set(certfile, keyfile, ca_certs, crl)
 
     def describe(self) -> str:
         """One line naming the files, for logs."""
@@ -51,14 +58,21 @@ class TLSFiles(NamedTuple):
         return " ".join(parts)
 
 
-class Snapshot(NamedTuple):
+class Snapshot(FrozenRecord):
     """The bytes of each file as read in one check."""
 
+    _fields = ("files", "cert", "key", "ca", "crl")
+    __slots__ = _fields
     files: TLSFiles
     cert: bytes
     key: bytes | None
     ca: bytes | None
-    crl: bytes | None = None
+    crl: bytes | None
+
+    def __init__(
+        self, files: TLSFiles, cert: bytes, key: bytes | None, ca: bytes | None, crl: bytes | None = None
+    ) -> None:
+        self._set(files, cert, key, ca, crl)
 
     @property
     def parts(self) -> tuple[bytes, bytes | None, bytes | None, bytes | None]:

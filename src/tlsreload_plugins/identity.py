@@ -20,10 +20,11 @@ import functools
 import re
 from collections.abc import Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, password_bytes
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.revocation import Revocation, judge_crl_dates, judge_crls
 
 if TYPE_CHECKING:
@@ -42,20 +43,35 @@ _CERT_BEGIN = b"-----BEGIN CERTIFICATE-----"
 _CERT_END = b"-----END CERTIFICATE-----"
 
 
-class Leaf(NamedTuple):
+class Leaf(FrozenRecord):
     """What an operator wants to know about the certificate being served."""
 
+    _fields = ("subject", "serial", "sans", "not_before", "not_after", "sha256", "revocation", "purposes")
+    __slots__ = _fields
     subject: str
     serial: str
     sans: tuple[str, ...]
     not_before: datetime
     not_after: datetime
     sha256: str
-    revocation: Revocation | None = None
+    revocation: Revocation | None
     """What the CRLs served with it say (``None``: no CRL is configured)."""
-    purposes: tuple[str, ...] | None = None
+    purposes: tuple[str, ...] | None
     """The dotted OIDs of the certificate's extended key usage (``1.3.6.1.5.5.7.3.2``: client authentication),
     ``None`` when it has none (any purpose)."""
+
+    def __init__(
+        self,
+        subject: str,
+        serial: str,
+        sans: tuple[str, ...],
+        not_before: datetime,
+        not_after: datetime,
+        sha256: str,
+        revocation: Revocation | None = None,
+        purposes: tuple[str, ...] | None = None,
+    ) -> None:
+        self._set(subject, serial, sans, not_before, not_after, sha256, revocation, purposes)
 
     def describe(self) -> str:
         """One line for logs: serial, subject, names and expiry (and the CRLs, when there are)."""

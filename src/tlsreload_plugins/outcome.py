@@ -15,10 +15,11 @@ import enum
 import logging
 import ssl
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.files import TLSFiles
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf
 
 
@@ -36,9 +37,22 @@ class Outcome(enum.Enum):
     last good identity keeps serving."""
 
 
-class Status(NamedTuple):
+class Status(FrozenRecord):
     """A consistent snapshot of a reloader's state, for health checks and metrics."""
 
+    _fields = (
+        "files",
+        "interval",
+        "leaf",
+        "last_success",
+        "last_reload",
+        "last_error",
+        "checks",
+        "reloads",
+        "failures",
+        "refused_resumptions",
+    )
+    __slots__ = _fields
     files: TLSFiles
     """The files watched."""
     interval: float
@@ -57,10 +71,27 @@ class Status(NamedTuple):
     """New certificates put in service."""
     failures: int
     """Failures reported (one per distinct problem, not one per check)."""
-    refused_resumptions: int = 0
+    refused_resumptions: int
     """TLS sessions refused because they were resumed across a change of the client-CA bundle or its CRLs, on a
     connection accepted before it (:mod:`tlsreload_plugins.resumption`); each client's next connection makes a full
     handshake against the new trust."""
+
+    def __init__(
+        self,
+        files: TLSFiles,
+        interval: float,
+        leaf: Leaf,
+        last_success: float,
+        last_reload: float | None,
+        last_error: str | None,
+        checks: int,
+        reloads: int,
+        failures: int,
+        refused_resumptions: int = 0,
+    ) -> None:
+        self._set(
+            files, interval, leaf, last_success, last_reload, last_error, checks, reloads, failures, refused_resumptions
+        )
 
 
 class Settling:

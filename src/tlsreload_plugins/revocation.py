@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import ssl
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.frozen import FrozenRecord
 
 if TYPE_CHECKING:
     from cryptography import x509
@@ -28,7 +29,7 @@ WARNING_SHARE = 0.25
 that its issuer replaces halfway through, as usual, never gets near it."""
 
 
-class Revocation(NamedTuple):
+class Revocation(FrozenRecord):
     """What the CRLs served beside a client-CA bundle say, as a server needs to know it.
 
     Attributes:
@@ -40,10 +41,17 @@ class Revocation(NamedTuple):
             certificate they issued.
     """
 
+    _fields = ("last_update", "next_update", "revoked", "uncovered")
+    __slots__ = _fields
     last_update: datetime
     next_update: datetime | None
     revoked: int
-    uncovered: tuple[str, ...] = ()
+    uncovered: tuple[str, ...]
+
+    def __init__(
+        self, last_update: datetime, next_update: datetime | None, revoked: int, uncovered: tuple[str, ...] = ()
+    ) -> None:
+        self._set(last_update, next_update, revoked, uncovered)
 
     def describe(self) -> str:
         """One line for logs: how many revoked, and when the CRLs need replacing."""

@@ -41,11 +41,11 @@ import ssl
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import NamedTuple
 
 from tlsreload_plugins import identity
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.memory_files import RecipeFor, in_memory_files
 from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes
@@ -168,7 +168,7 @@ def _asked_leaf(last_good: LastGood, snapshot: Snapshot) -> tuple[Leaf | None, b
     return leaf, leaf is None
 
 
-class LastGood(NamedTuple):
+class LastGood(FrozenRecord):
     """The newest identity a server served under one name, and how to build a context from it.
 
     Attributes:
@@ -178,9 +178,14 @@ class LastGood(NamedTuple):
             identity, an SNI identity's name for that identity.
     """
 
+    _fields = ("store", "recipe_for", "name")
+    __slots__ = _fields
     store: SharedStore
     recipe_for: RecipeFor
-    name: str = DEFAULT
+    name: str
+
+    def __init__(self, store: SharedStore, recipe_for: RecipeFor, name: str = DEFAULT) -> None:
+        self._set(store, recipe_for, name)
 
     def remember(self, snapshot: Snapshot, leaf: Leaf | None = None) -> None:
         """Keep ``snapshot`` as the newest served identity of :attr:`name`, ``leaf`` its validation's verdict."""

@@ -25,10 +25,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Snapshot
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.spawned import Descriptor, for_process_being_started
 from tlsreload_plugins.lastgood.table import Index, Kept, Parts, Refusal, decode, encode, encode_change
@@ -544,16 +545,21 @@ def _asks(names: Collection[str] | None) -> Iterator[bytes]:
         yield pending
 
 
-class Keeper(NamedTuple):
+class Keeper(FrozenRecord):
     """The keeper's side of a :class:`SharedStore` (a spawn server's parent, which keeps the store current for its
     workers: :func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`): it waits for the workers' asks, and
     numbers its passes in the store's first bytes, so that a worker that asked knows when a pass that began after
     its ask has completed."""
 
+    _fields = ("mapping", "asks")
+    __slots__ = _fields
     mapping: mmap.mmap
     """The store's mapping, whose first bytes number the keeper's passes."""
     asks: int
     """The read end of the pipe workers ask through."""
+
+    def __init__(self, mapping: mmap.mmap, asks: int) -> None:
+        self._set(mapping, asks)
 
     def wait(self, timeout: float) -> set[str] | None:
         """Return when a worker asks, or after ``timeout`` seconds: the names of the identities asked

@@ -14,8 +14,8 @@ import mmap
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
 
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf
 
 Parts = tuple[bytes, "bytes | None", "bytes | None", "bytes | None"]
@@ -159,10 +159,12 @@ def _decoded(payload: bytes) -> tuple[dict[str, Kept], dict[str, Refusal]]:
     return table, refusals
 
 
-class Index(NamedTuple):
+class Index(FrozenRecord):
     """Where a region's table keeps each content (offsets into the shared mapping) and which contents each
     identity has: a process serving thousands of identities copies out the few it reads, not the table."""
 
+    _fields = ("starts", "lengths", "entries", "refusals", "leaves", "end")
+    __slots__ = _fields
     starts: array[int]
     lengths: array[int]
     entries: dict[str, tuple[int, int, int, int, int]]  # indices of cert, key, CA, CRL, leaf among the contents
@@ -171,8 +173,19 @@ class Index(NamedTuple):
     # for, and a process taking thousands of verdicts at start looks each up more than once.
     leaves: dict[int, Leaf]
 
-    end: int = 0
+    end: int
     """Where in the mapping the table and the change records taken in end."""
+
+    def __init__(
+        self,
+        starts: array[int],
+        lengths: array[int],
+        entries: dict[str, tuple[int, int, int, int, int]],
+        refusals: dict[str, tuple[int, int]],
+        leaves: dict[int, Leaf],
+        end: int = 0,
+    ) -> None:
+        self._set(starts, lengths, entries, refusals, leaves, end)
 
     @classmethod
     def of(cls, payload: memoryview, start: int) -> Index:

@@ -29,11 +29,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.examine import Recipe, load_identity
 from tlsreload_plugins.files import Password, TLSFiles
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.lastgood.last_good import LastGood, keep_all_valid, keep_newest_valid
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
@@ -106,7 +107,7 @@ def exit_if_cannot_serve(stop: int | Callable[[], NoReturn]) -> Iterator[None]:
             sys.exit(stop)
 
 
-class Settings(NamedTuple):
+class Settings(FrozenRecord):
     """tlsreload's own settings for one server; ``None`` means "from the environment".
 
     Attributes:
@@ -117,10 +118,21 @@ class Settings(NamedTuple):
             with it: see :meth:`with_crl`.
     """
 
-    interval: float | None = None
-    sni: Sequence[str] | str | None = None
-    metrics: bool | None = None
-    crl: str | None = None
+    _fields = ("interval", "sni", "metrics", "crl")
+    __slots__ = _fields
+    interval: float | None
+    sni: Sequence[str] | str | None
+    metrics: bool | None
+    crl: str | None
+
+    def __init__(
+        self,
+        interval: float | None = None,
+        sni: Sequence[str] | str | None = None,
+        metrics: bool | None = None,
+        crl: str | None = None,
+    ) -> None:
+        self._set(interval, sni, metrics, crl)
 
     def with_crl(self, files: TLSFiles) -> TLSFiles:
         """``files`` with the CRL file: the server's own setting (``files.crl``), else :attr:`crl`, else
@@ -157,7 +169,7 @@ class Settings(NamedTuple):
         resolve_sni_directories(self.sni)
 
 
-class Waiting(NamedTuple):
+class Waiting(FrozenRecord):
     """How a worker the server restarted waits for usable files, when it has nothing valid to serve.
 
     Attributes:
@@ -170,11 +182,23 @@ class Waiting(NamedTuple):
         between: called before each wait (a gunicorn worker tells its arbiter it is alive).
     """
 
+    _fields = ("leave", "every", "signals", "stopped", "between")
+    __slots__ = _fields
     leave: Callable[[], NoReturn]
-    every: float = RETRY_DELAY
-    signals: tuple[int, ...] = STOP_SIGNALS
-    stopped: Callable[[], bool] = lambda: False
-    between: Callable[[], object] = lambda: None
+    every: float
+    signals: tuple[int, ...]
+    stopped: Callable[[], bool]
+    between: Callable[[], object]
+
+    def __init__(
+        self,
+        leave: Callable[[], NoReturn],
+        every: float = RETRY_DELAY,
+        signals: tuple[int, ...] = STOP_SIGNALS,
+        stopped: Callable[[], bool] = lambda: False,
+        between: Callable[[], object] = lambda: None,
+    ) -> None:
+        self._set(leave, every, signals, stopped, between)
 
 
 def retry_at_start(attempt: Callable[[], T]) -> T:

@@ -25,11 +25,12 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
+from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
@@ -54,10 +55,15 @@ log = logging.getLogger("tlsreload_plugins.workers")
 # -- forked workers ---------------------------------------------------------------------------------
 
 
-class _Here(NamedTuple):
+class _Here(FrozenRecord):
+    _fields = ("pid", "reloader", "driver")
+    __slots__ = _fields
     pid: int
     reloader: Reloader
     driver: ThreadDriver
+
+    def __init__(self, pid: int, reloader: Reloader, driver: ThreadDriver) -> None:
+        self._set(pid, reloader, driver)
 
 
 _here: _Here | None = None
@@ -142,7 +148,7 @@ ReloaderMaker = Callable[[Recipe, RecipeFor], Reloader]
 """Makes a worker's reloader from the recipes of the context its worker class builds (``serve(recipe, recipe_for)``)."""
 
 
-class WorkerClassGlue(NamedTuple):
+class WorkerClassGlue(FrozenRecord):
     """What a server's glue does with a worker class another server ships, which builds its TLS context its own
     way (gunicorn's ``uvicorn_worker.UvicornWorker``, aiohttp's ``GunicornWebWorker``).
 
@@ -154,8 +160,15 @@ class WorkerClassGlue(NamedTuple):
             server's own worker classes do.
     """
 
+    _fields = ("prepare", "serve")
+    __slots__ = _fields
     prepare: Callable[[Any, str], None]
-    serve: Callable[[Any, ReloaderMaker], None] | None = None
+    serve: Callable[[Any, ReloaderMaker], None] | None
+
+    def __init__(
+        self, prepare: Callable[[Any, str], None], serve: Callable[[Any, ReloaderMaker], None] | None = None
+    ) -> None:
+        self._set(prepare, serve)
 
 
 def glue_for(cls: object, glue_by_package: Mapping[str, T]) -> T | None:

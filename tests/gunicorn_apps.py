@@ -45,6 +45,7 @@ WATCHED = (
     "tlsreload_plugins.sni",
     "tlsreload_plugins.metrics",
     "tlsreload_plugins.sources",
+    "tlsreload_plugins.validation",
 )
 """Modules whose presence the ``*_modules`` apps report: what a worker model does not need must not be loaded."""
 

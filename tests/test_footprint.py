@@ -7,7 +7,8 @@ whose app answers which of asyncio, cryptography and prometheus_client its worke
   metrics module only with metrics on: shown both ways, in the workers of every server model here.
 - The workers of the spawn-based servers (tlsreload-uvicorn --workers, tlsreload-hypercorn) take their
   parent's verdict on the files, at start, on every rotation and on a bad pair (its refusal, which each worker
-  reports), and load no cryptography. A trio worker loads no asyncio.
+  reports), and load no cryptography, nor the package's validation machinery (``tlsreload_plugins.validation``).
+  A trio worker loads no asyncio.
 - A serving process that validates (tlsreload-uvicorn in one process, a gunicorn sync or gevent worker) does so
   in a short-lived child process and never loads cryptography, at start, after a reload nor after a refusal.
 """
@@ -118,6 +119,7 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
         at_start = every_worker(port, ctx, first.serial)
         for loaded in at_start.values():
             assert "cryptography" not in loaded, loaded
+            assert "tlsreload_plugins.validation" not in loaded, loaded
             assert "prometheus_client" not in loaded, loaded
             not_configured = {"tlsreload_plugins.sni", "tlsreload_plugins.metrics", "tlsreload_plugins.sources"}
             assert not loaded & not_configured, loaded
@@ -125,7 +127,9 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
         # A rotation: every worker serves it on the parent's verdict, still without cryptography.
         layout.install(second)
         rotated = every_worker(port, ctx, second.serial)
-        assert all("cryptography" not in loaded for loaded in rotated.values()), rotated
+        assert all(not loaded & {"cryptography", "tlsreload_plugins.validation"} for loaded in rotated.values()), (
+            rotated
+        )
         # A bad pair the parent refuses: each worker takes its refusal, reports it and keeps the second; a worker
         # started now serves the second at once, on that refusal: no worker loads cryptography.
         layout.write_raw(first.chain, second.key)
@@ -142,7 +146,7 @@ def test_spawned_workers_take_their_parent_s_verdicts_and_refusals(tmp_path: Pat
         replaced = every_worker(port, ctx, second.serial, besides=set(after))
         assert running.proc.poll() is None, running.output()
     for loaded in [*after.values(), *replaced.values()]:
-        assert "cryptography" not in loaded, loaded
+        assert not loaded & {"cryptography", "tlsreload_plugins.validation"}, loaded
         assert not loaded & {"tlsreload_plugins.sni", "tlsreload_plugins.metrics", "tlsreload_plugins.sources"}
     out = running.output()
     assert "Traceback" not in out

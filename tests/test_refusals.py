@@ -15,14 +15,15 @@ import pytest
 import trustme
 
 import tlsreload_plugins.lastgood.last_good
+import tlsreload_plugins.validation.apart
 from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
+from tlsreload_plugins.errors import Unjudged
 from tlsreload_plugins.files import Snapshot, read_files
 from tlsreload_plugins.identity import validate
 from tlsreload_plugins.lastgood.last_good import LastGood, content_key, keep_all_valid, shareable
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.lastgood.table import decode, decode_refusals, encode
-from tlsreload_plugins.validation.child import Unjudged
 from tlstest import client_context, issue, served_serial, wait_for_child
 
 
@@ -33,13 +34,13 @@ def recipe_for(files: TLSFiles) -> ssl.SSLContext:
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[Snapshot]:
     """Every validation the last good store's users run from now on (at start and in checks)."""
     judged: list[Snapshot] = []
-    real = tlsreload_plugins.lastgood.last_good.validate
+    real = tlsreload_plugins.validation.apart.validate
 
     def count(snapshot: Snapshot, password: object = None) -> object:
         judged.append(snapshot)
         return real(snapshot, password)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tlsreload_plugins.lastgood.last_good, "validate", count)
+    monkeypatch.setattr(tlsreload_plugins.validation.apart, "validate", count)
     return judged
 
 

@@ -17,6 +17,7 @@ import pytest
 import trustme
 
 import tlsreload_plugins.lastgood.last_good
+import tlsreload_plugins.validation.apart
 from hostile import HOSTILE
 from tls_server import make_recipe, serving
 from tlsreload_plugins import AsyncioDriver, NotServable, Outcome, Reloader
@@ -104,13 +105,13 @@ def test_known_bad_content_is_not_parsed_again(
     write(files, issue(ca))
     reloader = reloader_for(files)
     parsed: list[int] = []
-    real_validate = tlsreload_plugins.lastgood.last_good.validate
+    real_validate = tlsreload_plugins.validation.apart.validate
 
     def counting_validate(*args: object, **kwargs: object) -> object:
         parsed.append(1)
         return real_validate(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tlsreload_plugins.lastgood.last_good, "validate", counting_validate)
+    monkeypatch.setattr(tlsreload_plugins.validation.apart, "validate", counting_validate)
     other = issue(ca)
     files[1].write_bytes(other.key)  # mismatched pair
     assert [reloader.check() for _ in range(10)][-1] is Outcome.FAILED

@@ -32,6 +32,12 @@ class NotAtHand(InvalidIdentity):
     the identity's next check, off the event loop, catches up."""
 
 
+class Unjudged(InvalidIdentity):
+    """The refusal of an identity validation stopped or ended over before its verdict (a hostile file, a crash
+    of the child validating it): refused, as validation would not vouch for it, but not a verdict on its bytes
+    another process may take."""
+
+
 class NotServable(ReloadError):
     """The files are usable but the server cannot be moved onto them (the swap hook was replaced, a
     recipe handed back a context already in use): a bug or a conflict in the server's set-up."""

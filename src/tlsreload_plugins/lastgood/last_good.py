@@ -15,10 +15,11 @@ message and path, for exactly those bytes and that key password: :func:`content_
 reads those bytes takes that refusal instead of validating them again: a gunicorn worker started while
 the files are broken serves the last good at once, reporting the refusal as any start on broken files
 does. Not kept: refusals for dates (time changes them) and a validation stopped before its verdict
-(:class:`~tlsreload_plugins.validation.child.Unjudged`).
+(:class:`~tlsreload_plugins.errors.Unjudged`).
 
 :func:`verdict` answers, for every caller, what the verdict on some bytes is: the one kept for them, else
-the refusal kept for them, else validation's.
+the refusal kept for them, else validation's. The validation machinery (:mod:`tlsreload_plugins.validation`) is
+imported where something is validated: a worker that takes its parent's verdicts never loads it.
 
 * Servers that ``fork()`` their workers (gunicorn) create the store before the first fork. Every
   worker writes what it starts serving; every new worker reads it.
@@ -41,9 +42,10 @@ import ssl
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from tlsreload_plugins import identity
-from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.errors import InvalidIdentity, Unjudged
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
 from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf, judge_period
@@ -51,8 +53,9 @@ from tlsreload_plugins.lastgood.memory_files import RecipeFor, in_memory_files
 from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes
 from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
 from tlsreload_plugins.revocation import check_revocation
-from tlsreload_plugins.validation.apart import apart, validate, validate_many
-from tlsreload_plugins.validation.child import Resident, Unjudged
+
+if TYPE_CHECKING:
+    from tlsreload_plugins.validation.child import Resident
 
 log = logging.getLogger("tlsreload_plugins.lastgood")
 
@@ -98,7 +101,7 @@ def content_key(snapshot: Snapshot, password: Password) -> str:
 
 def shareable(error: InvalidIdentity) -> bool:
     """Whether ``error`` is validation's verdict on the bytes, which any process reading them may take: not a
-    child stopped or ended before its verdict (:class:`~tlsreload_plugins.validation.child.Unjudged`)."""
+    child stopped or ended before its verdict (:class:`~tlsreload_plugins.errors.Unjudged`)."""
     return not isinstance(error, Unjudged)
 
 
@@ -130,27 +133,44 @@ def verdict(
         InvalidIdentity: the bytes are not a usable identity; a :class:`NotJudged` when deferred.
     """
     if last_good is None:
-        return validate(snapshot, password)
+        return _validated(snapshot, password)
     leaf = _kept_leaf(last_good, snapshot)
-    deferred = leaf is None and defer and apart() and last_good.store.read(last_good.name) is not None
-    keeper_refused = False
-    if leaf is None and ask and not deferred:
-        leaf, keeper_refused = _asked_leaf(last_good, snapshot)
     if leaf is not None:
         return leaf
-    refused = last_good.refusal(snapshot, password)
+    refused = last_good.refusal(snapshot, password)  # kept for exactly these bytes: what asking would find
     if refused is not None:
         raise refused
+    deferred = defer and _apart() and last_good.store.read(last_good.name) is not None
+    keeper_refused = False
+    if ask and not deferred:
+        leaf, keeper_refused = _asked_leaf(last_good, snapshot)
+        if leaf is not None:
+            return leaf
+        refused = last_good.refusal(snapshot, password)
+        if refused is not None:
+            raise refused
     if keeper_refused:
         return identity.validate(snapshot, password)
     if deferred:
         raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")
     try:
-        return validate(snapshot, password)
+        return _validated(snapshot, password)
     except InvalidIdentity as e:
         if keep and shareable(e):
             last_good.store.refuse(last_good.name, content_key(snapshot, password), e)
         raise
+
+
+def _validated(snapshot: Snapshot, password: Password) -> Leaf:
+    from tlsreload_plugins.validation.apart import validate  # here, not at import: see the module's description
+
+    return validate(snapshot, password)
+
+
+def _apart() -> bool:
+    from tlsreload_plugins.validation.apart import apart  # here, not at import: see the module's description
+
+    return apart()
 
 
 def _kept_leaf(last_good: LastGood, snapshot: Snapshot) -> Leaf | None:
@@ -263,6 +283,8 @@ def keep_newest_valid(
             "themselves: %s",
             why_not,
         )
+    from tlsreload_plugins.validation.child import Resident  # here, not at import: see the module's description
+
     keeper = store.keep()
     resident = Resident()  # renewals coming pass after pass are validated by one child, not one child a pass
 
@@ -307,6 +329,8 @@ def keep_all_valid(identities: Mapping[str, TLSFiles], password: Password, store
 
     Example: ``keep_all_valid(sni.discover(sni.resolve_directories(None), ca_certs), password, store)``.
     """
+    from tlsreload_plugins.validation.apart import validate_many  # here, not at import: see the module's description
+
     read: dict[str, Snapshot | str] = {}  # the bytes, or why they could not be read
     for name, files in identities.items():
         try:
@@ -345,6 +369,8 @@ def _keep_if_valid(
     (name: :func:`content_key`, refusal), which the workers take rather than validate those bytes again. The
     new contents are validated in one batch (:func:`~tlsreload_plugins.validation.apart.validate_many`: one child
     process, ``resident`` when given, one per CPU for thousands)."""
+    from tlsreload_plugins.validation.apart import validate_many  # here, not at import: see the module's description
+
     judged: dict[str, str] = {}
     new: dict[str, tuple[Snapshot, str]] = {}
     for name, files in identities.items():

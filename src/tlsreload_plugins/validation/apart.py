@@ -37,13 +37,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tlsreload_plugins import identity
-from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.errors import InvalidIdentity, Unjudged
 from tlsreload_plugins.files import Password, Snapshot, password_bytes
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.validation.child import (
     ChildUnavailable,
     Resident,
-    Unjudged,
     Verdict,
     unforeseen,
     validate_in_child,

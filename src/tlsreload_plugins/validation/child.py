@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 
-from tlsreload_plugins.errors import InvalidIdentity
+from tlsreload_plugins.errors import InvalidIdentity, Unjudged
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles
 from tlsreload_plugins.identity import Leaf, validate
 from tlsreload_plugins.validation.process import above_stdio, ended, frames, inherited, original, select_flag, widen
@@ -96,11 +96,6 @@ _BOOT = (
     "from tlsreload_plugins.validation.child import serve\n"
     "serve(sys.stdin.buffer, sys.stdout.buffer)\n"
 )
-
-
-class Unjudged(InvalidIdentity):
-    """The refusal of an identity the child stopped or ended over before its verdict (a hostile file, a crash):
-    refused, as validation would not vouch for it, but not a verdict on its bytes another process may take."""
 
 
 class ChildUnavailable(Exception):

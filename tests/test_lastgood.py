@@ -26,7 +26,7 @@ from tlsreload_plugins import InvalidIdentity, Outcome, Reloader, TLSFiles
 from tlsreload_plugins.files import Snapshot, read_files
 from tlsreload_plugins.identity import validate
 from tlsreload_plugins.lastgood import store as store_module
-from tlsreload_plugins.lastgood.last_good import LastGood, keep_newest_valid
+from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, keep_newest_valid, verdict
 from tlsreload_plugins.lastgood.memory_files import in_memory_files
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.lastgood.table import decode, encode
@@ -363,6 +363,29 @@ def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_p
         if worker.exitcode is None:
             worker.kill()
     assert worker.exitcode == 0
+
+
+def test_a_pair_read_mid_rotation_is_judged_again_not_validated_in_the_worker(tmp_path: Path, ca: trustme.CA) -> None:
+    """kubelet swaps ``..data`` between a worker's read of the certificate and of the key: the worker holds the
+    first certificate with the second key, asks the keeper, and the keeper, reading later, judges the second pair.
+    No verdict is kept for the worker's bytes, yet the keeper did not refuse them: the worker reads again at its
+    next check (:class:`NotJudged`) instead of validating them in its own process (which loads cryptography). The
+    same bytes still on disk are refused as before."""
+    layout = KubeletLayout(tmp_path / "secret")
+    first, second = issue(ca), issue(ca)
+    layout.install(first)
+    files = TLSFiles(str(layout.cert_path), str(layout.key_path))
+    store = SharedStore()
+    keep_newest_valid(lambda: {"": files}, None, store, interval=30.0)  # only asks make it look again
+    layout.install(second)
+    torn = Snapshot(files, first.chain, second.key, None)  # read across the swap
+    with pytest.raises(NotJudged, match="changed while being judged"):
+        verdict(torn, None, LastGood(store, lambda _: ssl.create_default_context()))
+    assert store.read() == (second.chain, second.key, None, None)  # the keeper judged what the files hold
+    layout.write_raw(first.chain, second.key)  # the same bytes, on disk this time: refused
+    with pytest.raises(InvalidIdentity, match="does not match") as refused:
+        verdict(torn, None, LastGood(store, lambda _: ssl.create_default_context()))
+    assert not isinstance(refused.value, NotJudged)
 
 
 def test_thousands_written_at_once_beside_one_kept_are_all_kept(ca: trustme.CA) -> None:

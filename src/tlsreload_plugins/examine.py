@@ -273,6 +273,8 @@ def examine_files(
             return Examined(fingerprint=observed, leaf=known.leaf, error=e, password=digest)
     try:
         leaf = verdict(snapshot, password, last_good)
+    except NotJudged:  # read mid-rotation: the next check reads the files again
+        return Examined(fingerprint=observed, changed_while_building=True)
     except InvalidIdentity as e:
         refused = None if isinstance(e, Unjudged) else e  # a child stopped over it: no verdict
         return Examined(fingerprint=observed, error=e, password=password_digest(password), refused=refused)

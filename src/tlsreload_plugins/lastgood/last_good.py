@@ -80,7 +80,8 @@ def bytes_to_build(files: TLSFiles, served: str, last_good: LastGood | None) -> 
 class NotJudged(InvalidIdentity):
     """The files hold content no process of the server has judged, and a process starting now serves its last
     good identity at once rather than wait for a validation in a child process: its first check judges them,
-    and reports a refusal at once."""
+    and reports a refusal at once. Or a check read them mid-rotation (a certificate of one pair, the key of the
+    next) and the files have changed since: its next check reads them again."""
 
 
 def password_digest(password: Password) -> str:
@@ -123,7 +124,8 @@ def verdict(
     parent), ask the keeper to look first (up to the store's ``ASK_WAIT``); a caller judging thousands of
     identities at once asks nobody. When the keeper looked and kept no verdict, it refused them: the refusal
     it kept for exactly these bytes and ``password`` is raised; without one (a refusal for dates, a key
-    password of its own) they are validated in this process (which loads ``cryptography``).
+    password of its own) they are validated in this process (which loads ``cryptography``), unless the files no
+    longer hold them (read mid-rotation, the keeper judged the next content): a :class:`NotJudged` then.
     ``defer``: when validation would start a child and an identity is kept for ``last_good``'s name, neither
     it nor the keeper is waited for: a process starting now serves what is kept at once, and its first check
     asks (a new worker's start does not wait on a validation the keeper runs in a child process).
@@ -150,6 +152,8 @@ def verdict(
         if refused is not None:
             raise refused
     if keeper_refused:
+        if read_files(snapshot.files) != snapshot:  # read mid-rotation: the keeper judged what the files hold now
+            raise NotJudged(f"the TLS files changed while being judged ({snapshot.files.describe()}), judged next")
         return identity.validate(snapshot, password)
     if deferred:
         raise NotJudged(f"the TLS files hold content not judged yet ({snapshot.files.describe()}), judged next")

@@ -323,18 +323,25 @@ def test_the_table_round_trips_and_refuses_what_it_did_not_write(ca: trustme.CA)
         decode(a_leaf_that_is_not_one + struct.pack("<4i", 0, -1, -1, 0))
 
 
-def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_path: Path, ca: trustme.CA) -> None:
-    """As uvicorn's and hypercorn's workers: the store travels with the process's arguments, the parent keeps
-    it (keep_newest_valid) and the worker loads no cryptography while what it finds on disk is valid. A worker
-    that starts while the files hold content nobody judged yet serves the kept identity at once (its start never
-    waits on the keeper's validation, a child process) and takes the keeper's verdict at its first check."""
+def kept_then_rotated(tmp_path: Path, ca: trustme.CA) -> tuple[KubeletLayout, TLSFiles, SharedStore, Pair, Pair]:
+    """A spawn server's parent: a store its keeper (keep_newest_valid) filled with a first pair, then a second pair
+    installed the kubelet way, which the keeper has not looked at (only asks make it look again)."""
     layout = KubeletLayout(tmp_path / "secret")
     first, second = issue(ca), issue(ca)
     layout.install(first)
     files = TLSFiles(str(layout.cert_path), str(layout.key_path))
     store = SharedStore()
-    keep_newest_valid(lambda: {"": files}, None, store, interval=30.0)  # only asks make it look again
-    layout.install(second)  # new since the keeper looked: judged when the worker's first check asks
+    keep_newest_valid(lambda: {"": files}, None, store, interval=30.0)
+    layout.install(second)
+    return layout, files, store, first, second
+
+
+def test_a_spawned_worker_shares_the_store_and_takes_the_keeper_s_verdicts(tmp_path: Path, ca: trustme.CA) -> None:
+    """As uvicorn's and hypercorn's workers: the store travels with the process's arguments, the parent keeps
+    it (keep_newest_valid) and the worker loads no cryptography while what it finds on disk is valid. A worker
+    that starts while the files hold content nobody judged yet serves the kept identity at once (its start never
+    waits on the keeper's validation, a child process) and takes the keeper's verdict at its first check."""
+    layout, files, store, first, second = kept_then_rotated(tmp_path, ca)  # the second judged when the worker asks
     out = tmp_path / "worker"
 
     def result(step: str) -> dict[str, object]:
@@ -371,13 +378,7 @@ def test_a_pair_read_mid_rotation_is_judged_again_not_validated_in_the_worker(tm
     No verdict is kept for the worker's bytes, yet the keeper did not refuse them: the worker reads again at its
     next check (:class:`NotJudged`) instead of validating them in its own process (which loads cryptography). The
     same bytes still on disk are refused as before."""
-    layout = KubeletLayout(tmp_path / "secret")
-    first, second = issue(ca), issue(ca)
-    layout.install(first)
-    files = TLSFiles(str(layout.cert_path), str(layout.key_path))
-    store = SharedStore()
-    keep_newest_valid(lambda: {"": files}, None, store, interval=30.0)  # only asks make it look again
-    layout.install(second)
+    layout, files, store, first, second = kept_then_rotated(tmp_path, ca)
     torn = Snapshot(files, first.chain, second.key, None)  # read across the swap
     with pytest.raises(NotJudged, match="changed while being judged"):
         verdict(torn, None, LastGood(store, lambda _: ssl.create_default_context()))

@@ -383,6 +383,9 @@ def test_a_pair_read_mid_rotation_is_judged_again_not_validated_in_the_worker(tm
     with pytest.raises(NotJudged, match="changed while being judged"):
         verdict(torn, None, LastGood(store, lambda _: ssl.create_default_context()))
     assert store.read() == (second.chain, second.key, None, None)  # the keeper judged what the files hold
+    gone = Snapshot(TLSFiles(str(tmp_path / "gone.crt"), str(tmp_path / "gone.key")), first.chain, second.key, None)
+    with pytest.raises(NotJudged, match="changed while being judged"):  # files gone since: not a verdict either
+        verdict(gone, None, LastGood(store, lambda _: ssl.create_default_context()))
     layout.write_raw(first.chain, second.key)  # the same bytes, on disk this time: refused
     with pytest.raises(InvalidIdentity, match="does not match") as refused:
         verdict(torn, None, LastGood(store, lambda _: ssl.create_default_context()))

@@ -265,8 +265,8 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         status = reloader.status()
         failures.inc(status.failures)  # reported before metrics were set up (a start on the last good identity)
         attempts.inc(status.failures)
-        refused = [status.refused_resumptions]  # counted so far: each check adds those since
-        refused_resumptions.inc(refused[0])
+        refused = status.refused_resumptions  # counted so far: each check adds those since
+        refused_resumptions.inc(refused)
         not_after.set(status.leaf.not_after.timestamp())
         last_success.set(status.last_success)
         _set_next_update(crl_next_update, status.leaf)
@@ -285,15 +285,16 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         failures.inc()
 
     def on_check(outcome: Outcome, status: Status) -> None:
+        nonlocal refused
         checks.inc()
         if outcome is Outcome.PENDING:
             attempts.inc()
         not_after.set(status.leaf.not_after.timestamp())
         last_success.set(status.last_success)
         _set_next_update(crl_next_update, status.leaf)
-        if status.refused_resumptions > refused[0]:
-            refused_resumptions.inc(status.refused_resumptions - refused[0])
-            refused[0] = status.refused_resumptions
+        if status.refused_resumptions > refused:
+            refused_resumptions.inc(status.refused_resumptions - refused)
+            refused = status.refused_resumptions
 
     reloader.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
     return True

@@ -152,7 +152,7 @@ def verdict(
         if refused is not None:
             raise refused
     if keeper_refused:
-        if read_files(snapshot.files) != snapshot:  # read mid-rotation: the keeper judged what the files hold now
+        if not _still_on_disk(snapshot):  # read mid-rotation: the keeper judged what the files hold now
             raise NotJudged(f"the TLS files changed while being judged ({snapshot.files.describe()}), judged next")
         return identity.validate(snapshot, password)
     if deferred:
@@ -163,6 +163,15 @@ def verdict(
         if keep and shareable(e):
             last_good.store.refuse(last_good.name, content_key(snapshot, password), e)
         raise
+
+
+def _still_on_disk(snapshot: Snapshot) -> bool:
+    """Whether the files hold the bytes of ``snapshot`` still (not when one is gone or cannot be read: a read error
+    now is the next check's to report, not a verdict on the bytes read before)."""
+    try:
+        return read_files(snapshot.files) == snapshot
+    except InvalidIdentity:
+        return False
 
 
 def _validated(snapshot: Snapshot, password: Password) -> Leaf:

@@ -47,11 +47,14 @@ DROPPED = re.compile(r"ConnectionResetError|SSLEOFError|BrokenPipeError|EOF occu
 
 
 STOCK_SHUTDOWN_ERROR = re.compile(
-    r"[^\n]*unhandled exception during asyncio\.run\(\) shutdown\ntask: [^\n]*\n(?:[ \t][^\n]*\n)*"
+    r"[^\n]*unhandled exception during asyncio\.run\(\) shutdown\ntask: [^\n]*\n"
+    r"(?:Traceback \(most recent call last\):\n(?:[ \t][^\n]*\n)*[\w.]*LocalProtocolError: [^\n]*\n)?"
+    r"(?:[ \t][^\n]*\n)*"
 )
 """What asyncio logs when a task raised as ``asyncio.run()`` ended: a hypercorn worker stopping (HUP) with a request
 mid-body answers it 500, and h11 refuses (``LocalProtocolError: can't handle event type Response when
-role=SERVER and state=SEND_BODY``), inside an exception group whose lines are all indented."""
+role=SERVER and state=SEND_BODY``), inside an exception group whose lines are all indented; or, for hypercorn's
+``_handle`` task itself (Python 3.10 with the ``taskgroup`` backport), as a plain traceback ending in that refusal."""
 
 
 def without_stock_shutdown_errors(output: str) -> str:
@@ -236,6 +239,19 @@ def test_only_stock_hypercorn_s_shutdown_errors_are_left_out() -> None:
     assert without_stock_shutdown_errors("before\n" + stock + "after\n") == "before\nafter\n"
     assert without_stock_shutdown_errors(ours) == ours
     assert without_stock_shutdown_errors(stock + other).count("Traceback") == 1
+    plain = (
+        "unhandled exception during asyncio.run() shutdown\n"
+        "task: <Task finished name='Task-166' coro=<_handle() done> exception=LocalProtocolError('...')>\n"
+        "Traceback (most recent call last):\n"
+        '  File "/venv/hypercorn/asyncio/task_group.py", line 34, in _handle\n'
+        "    await send(None)\n"
+        "h11._util.LocalProtocolError: can't handle event type Response when role=SERVER and state=SEND_BODY\n"
+    )
+    assert without_stock_shutdown_errors("before\n" + plain + stock + "after\n") == "before\nafter\n"
+    plain_ours = plain.replace("/venv/hypercorn/asyncio/task_group.py", "/venv/tlsreload_plugins/reloader.py")
+    assert without_stock_shutdown_errors(plain_ours) == plain_ours
+    not_h11 = plain.replace("h11._util.LocalProtocolError: can't", "ValueError: can't")
+    assert without_stock_shutdown_errors(not_h11).count("Traceback") == 1
 
 
 @pytest.mark.parametrize("worker_class", ["asyncio", "trio"])

@@ -63,14 +63,60 @@ status 1). Stock Sanic 25.12 does the same, without tlsreload (measured: 2 of 25
 ``app.m.restart()``; docs/sanic.md)."""
 
 
+SANIC_CLOSING_RACE = re.compile(
+    r"[^\n]*ERROR: Closing failed\n"
+    r"(?:(?:Traceback \(most recent call last\):|During handling of the above exception[^\n]*"
+    r"|GeneratorExit|[ \t][^\n]*|)\n)*?"
+    r"RuntimeError: Event loop is closed\n"
+)
+"""What a stopping Sanic worker logs when a connection that arrived as it stopped was closed (it left Sanic's set of
+connections) but its task had not yet run its ``finally``: Sanic closes the loop, the task is destroyed, and its
+``finally`` closes the TLS transport on the closed loop (uvloop's ``call_later``: ``RuntimeError: Event loop is
+closed``), logged as ``Closing failed``. Stock Sanic does the same without tlsreload (measured: 3 of 220 restarts by
+``app.m.restart()`` under a polling client; docs/sanic.md)."""
+
+
+def without_sanic_closing_race(output: str) -> str:
+    """``output`` less the blocks :data:`SANIC_CLOSING_RACE` matches that name no module of ours."""
+    return SANIC_CLOSING_RACE.sub(lambda match: "" if "tlsreload" not in match.group(0) else match.group(0), output)
+
+
 def stop_sanic(server: Server, sig: int = signal.SIGTERM, stock: str = "") -> str:
-    """:func:`stop_cleanly`, skipping the test when Sanic's own shutdown race (above) is what made it unclean."""
+    """:func:`stop_cleanly`, forgiving Sanic's own closing race (:data:`SANIC_CLOSING_RACE`), and skipping the test
+    when Sanic's own shutdown race (above) is what made it unclean."""
     try:
-        return stop_cleanly(server, sig, stock)
+        return stop_cleanly(server, sig, stock, without_sanic_closing_race)
     except AssertionError:
         if SANIC_SHUTDOWN_RACE in server.output():
             pytest.skip("Sanic's main process raced its own SIGTERM handler, as stock Sanic does now and then")
         raise
+
+
+def test_only_sanics_own_closing_race_is_forgiven() -> None:
+    stock = (
+        "Srv 0 2026-12-05 18:45:45 +0000 ERROR: Closing failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "connection_task", line 15, in connection_task\n'
+        "GeneratorExit\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "connection_task", line 31, in connection_task\n'
+        "    )\n"
+        "      \n"
+        '  File "/venv/sanic/server/protocols/base_protocol.py", line 99, in close\n'
+        "    self.transport.close()\n"
+        '  File "uvloop/loop.pyx", line 697, in uvloop.loop.Loop._check_closed\n'
+        "RuntimeError: Event loop is closed\n"
+    )
+    assert without_sanic_closing_race("before\n" + stock + "after\n") == "before\nafter\n"
+    ours = stock.replace("/venv/sanic/server/protocols/base_protocol.py", "/venv/tlsreload_plugins/sanic.py")
+    assert without_sanic_closing_race(ours) == ours
+    other = stock.replace("RuntimeError: Event loop is closed", "ValueError: Event loop is closed")
+    assert "Traceback" in without_sanic_closing_race(other)
+    before_another = other + "Srv 1 INFO: Worker ready\n" + stock
+    assert without_sanic_closing_race(before_another).count("Closing failed") == 1
 
 
 def sanic_command(port: int, layout: Layout, *extra: str) -> list[str]:

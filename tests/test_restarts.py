@@ -37,6 +37,7 @@ from tlstest import (
     issue,
     run_server,
     wait_until,
+    without_stock_blocks,
 )
 
 LAST_GOOD = "serving the last good certificate this server served"
@@ -61,12 +62,7 @@ def without_stock_shutdown_errors(output: str) -> str:
     """``output`` less the blocks :data:`STOCK_SHUTDOWN_ERROR` matches that are h11's refusal and name no module of
     ours: stock hypercorn logs them in the same situation (seen without tlsreload: 15 under ``--max-requests 20``
     and two clients)."""
-
-    def kept(match: re.Match[str]) -> str:
-        block = match.group(0)
-        return "" if "LocalProtocolError" in block and "tlsreload" not in block else block
-
-    return STOCK_SHUTDOWN_ERROR.sub(kept, output)
+    return without_stock_blocks(STOCK_SHUTDOWN_ERROR, output, naming="LocalProtocolError")
 
 
 def children(pid: int) -> set[int]:

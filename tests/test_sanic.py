@@ -45,6 +45,7 @@ from tlstest import (
     handshake,
     issue,
     wait_until,
+    without_stock_blocks,
 )
 
 EXAMPLE = ROOT / "examples" / "sanic_app.py"
@@ -78,7 +79,7 @@ closed``), logged as ``Closing failed``. Stock Sanic does the same without tlsre
 
 def without_sanic_closing_race(output: str) -> str:
     """``output`` less the blocks :data:`SANIC_CLOSING_RACE` matches that name no module of ours."""
-    return SANIC_CLOSING_RACE.sub(lambda match: "" if "tlsreload" not in match.group(0) else match.group(0), output)
+    return without_stock_blocks(SANIC_CLOSING_RACE, output)
 
 
 def stop_sanic(server: Server, sig: int = signal.SIGTERM, stock: str = "") -> str:

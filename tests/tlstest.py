@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -188,6 +189,17 @@ def served_serial(port: int, ctx: ssl.SSLContext, timeout: float = 10.0) -> str:
         der = tls.getpeercert(binary_form=True)
         assert der is not None
         return serial_of(der)
+
+
+def without_stock_blocks(pattern: re.Pattern[str], output: str, naming: str = "") -> str:
+    """``output`` less the blocks ``pattern`` matches that name ``naming`` and none of our modules: what the stock
+    server logs in the same situation, which a test of a clean log forgives (and only that)."""
+
+    def kept(match: re.Match[str]) -> str:
+        block = match.group(0)
+        return "" if naming in block and "tlsreload" not in block else block
+
+    return pattern.sub(kept, output)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "") -> Any:

@@ -17,6 +17,7 @@ import os
 import signal
 import ssl
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,6 +43,19 @@ class RequireClientCertificates(ReloadingSSLAdapter):  # type: ignore[misc]
         self.context.verify_mode = ssl.CERT_REQUIRED
 
 
+def stop_on_signals(server: wsgi.Server) -> None:
+    """On SIGTERM and SIGINT, stop ``server`` with ``server.stop()`` from another thread, as CherryPy's engine does;
+    ``safe_start()`` then returns. Not by raising in the main thread: an exception that lands at the wrong bytecode of
+    cheroot's serve loop can leave one of its workers waiting forever for a shutdown request, and the stop with it
+    (seen with cheroot 11.1.2)."""
+
+    def stop(signum: int, frame: object) -> None:
+        threading.Thread(target=server.stop, name=f"stop on {signal.Signals(signum).name}").start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def serve_cheroot(options: argparse.Namespace) -> None:
     server = wsgi.Server((options.host, options.port), app)
     adapter = RequireClientCertificates if options.ca_certs else ReloadingSSLAdapter
@@ -50,11 +64,7 @@ def serve_cheroot(options: argparse.Namespace) -> None:
     except CannotServe:
         sys.exit(1)  # the adapter logged why, in one line
 
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(0)  # safe_start() stops the server (its socket, its threads), then re-raises
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop_on_signals(server)
     log.info("serving https://%s:%d", options.host, options.port)
     try:
         server.safe_start()

@@ -19,10 +19,8 @@ import signal
 import sys
 import time
 
-import httpx
-
 from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.client.httpx import AsyncReloadingTransport
+from tlsreload_plugins.client.httpx import async_reloading_client
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -30,7 +28,7 @@ async def run(args: argparse.Namespace) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     identity = ClientIdentity(args.cert, args.key, cafile=args.cacert, interval=args.interval)
     with identity:
-        async with httpx.AsyncClient(transport=AsyncReloadingTransport(identity), timeout=5.0) as client:
+        async with async_reloading_client(identity, timeout=5.0) as client:
             end = time.monotonic() + args.duration
             while not stop.is_set() and time.monotonic() < end:
                 line: dict[str, object] = {"t": time.time()}

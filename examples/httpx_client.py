@@ -1,8 +1,8 @@
 """A service calling an mTLS server with httpx, its client certificate rotating under it.
 
-One ``httpx.Client`` for the whole run (connections kept alive, as a real service has), its transport presenting
-the newest certificate in the files: a rotation reaches new connections within the interval, and kept-alive
-connections are replaced once their requests are done.
+One ``httpx.Client`` for the whole run (connections kept alive, as a real service has; proxies from the
+environment, as httpx's own), its transports presenting the newest certificate in the files: a rotation reaches new
+connections within the interval, and kept-alive connections are replaced once their requests are done.
 
     python examples/httpx_client.py --cert client.crt --key client.key --cacert ca.crt \\
         --url https://localhost:8443/ --duration 60 --every 200
@@ -20,10 +20,8 @@ import sys
 import threading
 import time
 
-import httpx
-
 from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.client.httpx import ReloadingTransport
+from tlsreload_plugins.client.httpx import reloading_client
 
 
 def main() -> int:
@@ -42,7 +40,7 @@ def main() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     identity = ClientIdentity(args.cert, args.key, cafile=args.cacert, interval=args.interval)
-    with identity, httpx.Client(transport=ReloadingTransport(identity), timeout=5.0) as client:
+    with identity, reloading_client(identity, timeout=5.0) as client:
         end = time.monotonic() + args.duration
         while not stop.is_set() and time.monotonic() < end:
             line: dict[str, object] = {"t": time.time()}

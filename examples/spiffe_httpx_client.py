@@ -19,10 +19,8 @@ import sys
 import threading
 import time
 
-import httpx
-
 from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.client.httpx import ReloadingTransport
+from tlsreload_plugins.client.httpx import reloading_client
 from tlsreload_plugins.sources.spiffe import SVID_EXPIRY_WARNING_DAYS, SpiffeSource
 
 
@@ -43,7 +41,7 @@ def main() -> int:
         identity = ClientIdentity.from_files(
             source.files, interval=args.interval, expiry_warning_days=SVID_EXPIRY_WARNING_DAYS
         )
-        with identity, httpx.Client(transport=ReloadingTransport(identity), timeout=5.0) as client:
+        with identity, reloading_client(identity, timeout=5.0) as client:
             end = time.monotonic() + args.duration
             while not stop.is_set() and time.monotonic() < end:
                 line: dict[str, object] = {"t": time.time()}

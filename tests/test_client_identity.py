@@ -18,7 +18,7 @@ import trustme
 from hostile import leaf_for_key, load_key_on_disk
 from tlsreload_plugins import InvalidIdentity, Outcome
 from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.client.pools import Pools
+from tlsreload_plugins.client.pools import Closed, Pools
 from tlstest import HOST, Pair, issue, serial_of
 
 
@@ -143,7 +143,7 @@ def test_a_certificate_without_client_auth_is_refused_at_start(tmp_path: Path, c
         ClientIdentity(str(cert), str(key), watch=False)
 
 
-def test_pools_close_a_replaced_pool_once_idle_or_overdue() -> None:
+def test_pools_close_a_replaced_pool_once_idle_and_cut_it_once_overdue() -> None:
     now = [0.0]
     made: list[str] = []
 
@@ -161,17 +161,34 @@ def test_pools_close_a_replaced_pool_once_idle_or_overdue() -> None:
     fresh, close = pools.acquire(1)
     assert (fresh, close) == ("pool1", [])
     assert pools.release(busy) == ["pool0"]  # its last request done: closed
+    assert pools.release(fresh) == []
     held, _ = pools.acquire(1)
     assert pools.renew(2) == []
     now[0] = 9.9
     assert pools.overdue() == []
     now[0] = 10.0
-    assert pools.overdue() == ["pool1"]  # overdue: closed under its request
+    assert pools.overdue() == ["pool1"]  # overdue: its connections to cut, once
+    assert pools.overdue() == []
+    assert pools.retired == 1  # cut, not closed: closed once its request lets go of it
+    assert pools.release(held) == ["pool1"]
     assert pools.release(held) == []  # closed once only
     assert pools.acquire(2)[0] == "pool2"
     assert sorted(pools.close()) == ["pool2"]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(Closed):
         pools.acquire(2)
+
+
+def test_pools_never_cut_by_default_and_go_on_after_clear() -> None:
+    now = [0.0]
+    pools: Pools[str] = Pools(lambda generation: f"pool{generation}", clock=lambda: now[0])
+    stream, _ = pools.acquire(0)
+    assert pools.renew(1) == []
+    now[0] = 86400.0  # a day later, the stream still open: never due
+    assert pools.overdue() == []
+    assert pools.retired == 1
+    assert sorted(pools.clear()) == ["pool0"]
+    assert pools.acquire(1)[0] == "pool1"  # a cleared client goes on (requests after Session.close())
+    assert pools.release(stream) == []
 
 
 def test_pools_idle_replaced_pool_is_closed_at_renew() -> None:

@@ -2,6 +2,6 @@
 kept fresh for httpx, requests, aiohttp and gRPC channels (:mod:`tlsreload_plugins.client.identity` and one glue
 module per client library)."""
 
-from tlsreload_plugins.client.identity import ClientIdentity, Presented, client_context
+from tlsreload_plugins.client.identity import ClientIdentity, OwnContext, Presented, client_context
 
-__all__ = ["ClientIdentity", "Presented", "client_context"]
+__all__ = ["ClientIdentity", "OwnContext", "Presented", "client_context"]

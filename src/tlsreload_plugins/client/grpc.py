@@ -27,7 +27,7 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
     ) from e
 
 from tlsreload_plugins.client.identity import ClientIdentity
-from tlsreload_plugins.client.pools import DEFAULT_RETIRE_AFTER, Pools
+from tlsreload_plugins.client.pools import Pools
 from tlsreload_plugins.files import Snapshot
 
 __all__ = ["AsyncReloadingChannel", "ReloadingChannel", "channel_credentials"]
@@ -134,7 +134,7 @@ class _Channels:
         _refuse_password(identity)
         self.identity = identity
         self._pools: Pools[Any] = Pools(self._make, retire_after)
-        self._unsubscribe = self._pools.follow(identity, self._close_now)
+        self._unsubscribe = self._pools.follow(identity, self._close_now, self._close_now)
 
     def _make(self, generation: int) -> Any:
         raise NotImplementedError
@@ -195,7 +195,7 @@ class ReloadingChannel(_Channels, grpc.Channel):  # type: ignore[misc]
         options: Sequence[tuple[str, Any]] | None = None,
         compression: Any = None,
         *,
-        retire_after: float | None = DEFAULT_RETIRE_AFTER,
+        retire_after: float | None = None,
     ) -> None:
         self.target = target
         self._options = options
@@ -307,7 +307,7 @@ class AsyncReloadingChannel(_Channels, grpc.aio.Channel):  # type: ignore[misc]
         compression: Any = None,
         interceptors: Sequence[Any] | None = None,
         *,
-        retire_after: float | None = DEFAULT_RETIRE_AFTER,
+        retire_after: float | None = None,
     ) -> None:
         self.target = target
         self._options = options

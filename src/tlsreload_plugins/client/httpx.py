@@ -1,44 +1,151 @@
 """httpx glue: transports that present a :class:`~tlsreload_plugins.client.identity.ClientIdentity`'s newest
 certificate, for ``httpx.Client`` (:class:`ReloadingTransport`) and ``httpx.AsyncClient``
-(:class:`AsyncReloadingTransport`).
+(:class:`AsyncReloadingTransport`), and the clients made with them as httpx makes its own, proxies from the
+environment included (:func:`reloading_client`, :func:`async_reloading_client`).
 
 A transport is httpx's documented extension point. httpx fixes a transport's SSL context when it builds its
 connection pool, so each generation of the identity gets a transport of its own: new requests go through the
-newest, and a replaced one is closed once the requests it carries are done (at the latest ``retire_after``
-seconds after the change). Its kept-alive connections, which would go on presenting the old certificate, go with it.
+newest, and a replaced one is closed once the responses it carries are closed, as httpx alone closes a connection
+(a stream open across a change lives on). Its kept-alive connections, which would go on presenting the old
+certificate, go with it. Each transport builds on a context of its own (:meth:`ClientIdentity.own_context
+<tlsreload_plugins.client.identity.ClientIdentity.own_context>`): httpcore sets its ALPN list on the context at
+every connection, and that must not reach another client of the same identity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, TypeVar
+from urllib.request import getproxies
 
 import httpx
 
 from tlsreload_plugins.client.identity import ClientIdentity
-from tlsreload_plugins.client.pools import DEFAULT_RETIRE_AFTER, Pools
+from tlsreload_plugins.client.pools import Pools
 
-__all__ = ["AsyncReloadingTransport", "ReloadingTransport"]
+__all__ = [
+    "AsyncReloadingTransport",
+    "ReloadingTransport",
+    "async_reloading_client",
+    "environment_proxies",
+    "reloading_client",
+]
+
+T = TypeVar("T")
+
+_SSL_OPTIONS = ("verify", "cert")
+
+
+def _refuse_ssl_options(options: Mapping[str, Any]) -> None:
+    given = [name for name in _SSL_OPTIONS if name in options]
+    if given:
+        raise TypeError(f"{' and '.join(given)} come from the ClientIdentity: give them to it")
+
+
+def _cut_reason(retire_after: float | None) -> str:
+    return (
+        f"the connection was closed {retire_after or 0:g} s after its client certificate was replaced "
+        "(retire_after): the response was still being read"
+    )
+
+
+class _Streams:
+    """The responses in flight through each transport (their bodies not closed yet), and the transports cut: what a
+    cut reaches. A cut shuts each response's socket down (from any thread: ``shutdown`` wakes a reader blocked on it,
+    in a thread or on an event loop) and lets the reader fail as httpx fails on a connection closed under it; the
+    transport itself is closed once those responses are closed, never under a reader."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[object, set[_Body]] = {}
+        self._cut: set[object] = set()
+
+    def add(self, transport: object, body: _Body) -> None:
+        with self._lock:
+            cut = transport in self._cut
+            if not cut:
+                self._open.setdefault(transport, set()).add(body)
+        if cut:  # its transport was cut while the request waited for its headers
+            body.cut()
+
+    def discard(self, transport: object, body: _Body) -> None:
+        with self._lock:
+            bodies = self._open.get(transport)
+            if bodies is not None:
+                bodies.discard(body)
+                if not bodies:
+                    del self._open[transport]
+
+    def cut(self, transports: list[T]) -> None:
+        with self._lock:
+            self._cut.update(transports)
+            bodies = [body for transport in transports for body in self._open.pop(transport, ())]
+        for body in bodies:
+            body.cut()
+
+    def closed(self, transports: list[T]) -> None:
+        with self._lock:
+            self._cut.difference_update(transports)
+
+
+class _Body:
+    """What a response's body shares between its sync and async forms: its socket, whether it was cut, and saying
+    once that it is done."""
+
+    def __init__(self, response: httpx.Response, done: Callable[[], Any], reason: str) -> None:
+        stream = response.extensions.get("network_stream")
+        self._socket: Any = stream.get_extra_info("socket") if stream is not None else None
+        self._done: Callable[[], Any] | None = done
+        self._reason = reason
+        self.was_cut = False
+
+    def cut(self) -> None:
+        self.was_cut = True
+        sock = self._socket
+        # A socket already closed says so (EBADF): nothing left to cut.
+        with contextlib.suppress(OSError):
+            if isinstance(sock, socket.socket):
+                # socket.socket's own shutdown: an SSLSocket's would also drop its SSL object under the reader.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            elif sock is not None:  # asyncio's TransportSocket (anyio's raw socket): shutdown is what it offers
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def translate(self, error: httpx.TransportError) -> httpx.TransportError:
+        """The error a read raises: httpx's own, or for a cut, a ``ReadError`` saying why."""
+        return httpx.ReadError(self._reason) if self.was_cut else error
+
+    def take_done(self) -> Callable[[], Any] | None:
+        done, self._done = self._done, None
+        return done
 
 
 class _Released(httpx.SyncByteStream):
-    """A response's body that says when it is closed: its request no longer holds its pool."""
+    """A response's body that says when it is closed (its request no longer holds its transport) and that can be
+    cut."""
 
-    def __init__(self, stream: httpx.SyncByteStream, done: Callable[[], None]) -> None:
+    def __init__(self, stream: httpx.SyncByteStream, body: _Body) -> None:
         self._stream = stream
-        self._done: Callable[[], None] | None = done
+        self.body = body
 
     def __iter__(self) -> Iterator[bytes]:
-        yield from self._stream
+        try:
+            yield from self._stream
+        except httpx.TransportError as e:
+            translated = self.body.translate(e)
+            if translated is e:
+                raise
+            raise translated from e
 
     def close(self) -> None:
         try:
             self._stream.close()
         finally:
-            done, self._done = self._done, None
+            done = self.body.take_done()
             if done is not None:
                 done()
 
@@ -46,19 +153,25 @@ class _Released(httpx.SyncByteStream):
 class _AsyncReleased(httpx.AsyncByteStream):
     """:class:`_Released` for ``httpx.AsyncClient``."""
 
-    def __init__(self, stream: httpx.AsyncByteStream, done: Callable[[], Any]) -> None:
+    def __init__(self, stream: httpx.AsyncByteStream, body: _Body) -> None:
         self._stream = stream
-        self._done: Callable[[], Any] | None = done
+        self.body = body
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            yield chunk
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except httpx.TransportError as e:
+            translated = self.body.translate(e)
+            if translated is e:
+                raise
+            raise translated from e
 
     async def aclose(self) -> None:
         try:
             await self._stream.aclose()
         finally:
-            done, self._done = self._done, None
+            done = self.body.take_done()
             if done is not None:
                 await done()
 
@@ -67,12 +180,19 @@ class ReloadingTransport(httpx.BaseTransport):
     """An ``httpx.Client`` transport presenting ``identity``'s newest client certificate and trusting its
     newest CA bundle.
 
+    Requests made after a change go through a new ``httpx.HTTPTransport``; a response still being read (a stream, a
+    download, server-sent events) goes on through the one it started on, as with httpx alone, and that transport is
+    closed once its responses are closed.
+
     Args:
         identity: the client certificate, key and CA bundle, kept fresh.
-        retire_after: seconds after a change at which a replaced transport is closed even with requests in
-            flight (``None``: only once they are done).
+        retire_after: seconds after a change at which responses still being read through a replaced transport are
+            cut (their reads raise ``httpx.ReadError`` saying so); ``None`` (the default): never.
         **options: what ``httpx.HTTPTransport`` takes besides ``verify`` and ``cert`` (``http2``, ``limits``,
             ``retries``, ``proxy``...).
+
+    Raises:
+        TypeError: ``verify`` or ``cert`` is given (they come from the identity).
 
     Example::
 
@@ -81,51 +201,59 @@ class ReloadingTransport(httpx.BaseTransport):
             client.get("https://service.internal/")
     """
 
-    def __init__(
-        self, identity: ClientIdentity, *, retire_after: float | None = DEFAULT_RETIRE_AFTER, **options: Any
-    ) -> None:
-        if "verify" in options or "cert" in options:
-            raise TypeError("verify and cert come from the ClientIdentity: give them to it")
+    def __init__(self, identity: ClientIdentity, *, retire_after: float | None = None, **options: Any) -> None:
+        _refuse_ssl_options(options)
         self.identity = identity
+        self._own = identity.own_context()
         self._options = options
+        self._reason = _cut_reason(retire_after)
+        self._streams = _Streams()
         self._pools: Pools[httpx.HTTPTransport] = Pools(self._make, retire_after)
-        self._unsubscribe = self._pools.follow(identity, _close_all)
+        self._pools.follow(identity, self._close_all, self._streams.cut)
 
     def _make(self, generation: int) -> httpx.HTTPTransport:
-        return httpx.HTTPTransport(verify=self.identity.context, **self._options)
+        return httpx.HTTPTransport(verify=self._own.context, **self._options)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        transport, to_close = self._pools.acquire(self.identity.generation)
-        _close_all(to_close)
+        transport, to_close = self._pools.acquire(self._own.generation)
+        self._close_all(to_close)
         try:
             response = transport.handle_request(request)
         except BaseException:
-            _close_all(self._pools.release(transport))
+            self._close_all(self._pools.release(transport))
             raise
         stream = response.stream
         assert isinstance(stream, httpx.SyncByteStream)
-        response.stream = _Released(stream, lambda: _close_all(self._pools.release(transport)))
+
+        def done() -> None:
+            self._streams.discard(transport, body)
+            self._close_all(self._pools.release(transport))
+
+        body = _Body(response, done, self._reason)
+        response.stream = _Released(stream, body)
+        self._streams.add(transport, body)
         return response
 
+    def _close_all(self, transports: list[httpx.HTTPTransport]) -> None:
+        self._streams.closed(transports)
+        for transport in transports:
+            transport.close()
+
     def close(self) -> None:
-        self._unsubscribe()
-        _close_all(self._pools.close())
+        """Close every transport and their connections. As httpx's own transport, it still works after: the next
+        request connects again."""
+        self._close_all(self._pools.clear())
 
     @property
     def retired(self) -> int:
-        """Replaced transports not closed yet (requests still in flight on them)."""
+        """Replaced transports not closed yet (responses still open on them)."""
         return self._pools.retired
-
-
-def _close_all(transports: list[httpx.HTTPTransport]) -> None:
-    for transport in transports:
-        transport.close()
 
 
 class AsyncReloadingTransport(httpx.AsyncBaseTransport):
     """:class:`ReloadingTransport` for ``httpx.AsyncClient``. Replaced transports are closed on the event loop
     that made them (told from the checking thread with ``call_soon_threadsafe``, under asyncio; under trio at the
-    next request).
+    next request). Make it where the client is made: it builds a context of its own.
 
     Example::
 
@@ -134,22 +262,22 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
             await client.get("https://service.internal/")
     """
 
-    def __init__(
-        self, identity: ClientIdentity, *, retire_after: float | None = DEFAULT_RETIRE_AFTER, **options: Any
-    ) -> None:
-        if "verify" in options or "cert" in options:
-            raise TypeError("verify and cert come from the ClientIdentity: give them to it")
+    def __init__(self, identity: ClientIdentity, *, retire_after: float | None = None, **options: Any) -> None:
+        _refuse_ssl_options(options)
         self.identity = identity
+        self._own = identity.own_context()
         self._options = options
+        self._reason = _cut_reason(retire_after)
+        self._streams = _Streams()
         self._pools: Pools[httpx.AsyncHTTPTransport] = Pools(self._make, retire_after)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._pending: list[httpx.AsyncHTTPTransport] = []
         self._pending_lock = threading.Lock()  # the checking thread adds, the loop takes
-        self._unsubscribe = self._pools.follow(identity, self._close_soon)
+        self._pools.follow(identity, self._close_soon, self._streams.cut)
 
     def _make(self, generation: int) -> httpx.AsyncHTTPTransport:
-        return httpx.AsyncHTTPTransport(verify=self.identity.context, **self._options)
+        return httpx.AsyncHTTPTransport(verify=self._own.context, **self._options)
 
     def _close_soon(self, transports: list[httpx.AsyncHTTPTransport]) -> None:
         """From the checking thread: close ``transports`` on their loop (else at the next request)."""
@@ -170,41 +298,181 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
         return pending
 
     def _close_on_loop(self, transports: list[httpx.AsyncHTTPTransport]) -> None:
-        task = asyncio.get_running_loop().create_task(_aclose_all(transports))
+        task = asyncio.get_running_loop().create_task(self._aclose_all(transports))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+    async def _aclose_all(self, transports: list[httpx.AsyncHTTPTransport]) -> None:
+        self._streams.closed(transports)
+        for transport in transports:
+            await transport.aclose()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._loop is None:
             with contextlib.suppress(RuntimeError):  # trio: replaced transports are closed at requests
                 self._loop = asyncio.get_running_loop()
         pending = self._take_pending()
-        transport, to_close = self._pools.acquire(self.identity.generation)
-        await _aclose_all([*pending, *to_close])
+        transport, to_close = self._pools.acquire(self._own.generation)
+        await self._aclose_all([*pending, *to_close])
         try:
             response = await transport.handle_async_request(request)
         except BaseException:
-            await _aclose_all(self._pools.release(transport))
+            await self._aclose_all(self._pools.release(transport))
             raise
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
 
         async def done() -> None:
-            await _aclose_all(self._pools.release(transport))
+            self._streams.discard(transport, body)
+            await self._aclose_all(self._pools.release(transport))
 
-        response.stream = _AsyncReleased(stream, done)
+        body = _Body(response, done, self._reason)
+        response.stream = _AsyncReleased(stream, body)
+        self._streams.add(transport, body)
         return response
 
     async def aclose(self) -> None:
-        self._unsubscribe()
-        await _aclose_all([*self._take_pending(), *self._pools.close()])
+        """Close every transport and their connections. As httpx's own transport, it still works after."""
+        await self._aclose_all([*self._take_pending(), *self._pools.clear()])
 
     @property
     def retired(self) -> int:
-        """Replaced transports not closed yet (requests still in flight on them)."""
+        """Replaced transports not closed yet (responses still open on them)."""
         return self._pools.retired
 
 
-async def _aclose_all(transports: list[httpx.AsyncHTTPTransport]) -> None:
-    for transport in transports:
-        await transport.aclose()
+# -- clients made as httpx makes its own ---------------------------------------------------------------------------
+
+
+def environment_proxies() -> dict[str, str | None]:
+    """The proxies the environment asks for, as URL patterns of httpx's ``mounts=`` (``None``: no proxy), read as
+    ``httpx.Client(trust_env=True)`` reads them: ``HTTP_PROXY``, ``HTTPS_PROXY`` and ``ALL_PROXY`` (a proxy given
+    without a scheme is ``http://``), and ``NO_PROXY`` (``*`` turns every proxy off; a host, a domain with or
+    without its leading dot, an IP address or network, ``localhost``, or a URL pattern goes direct).
+
+    Returns:
+        ``{pattern: proxy URL or None}``, e.g. ``{"https://": "http://proxy:3128", "all://*.internal": None}``.
+
+    Example::
+
+        mounts = environment_proxies()
+    """
+    info = getproxies()
+    patterns: dict[str, str | None] = {}
+    for scheme in ("http", "https", "all"):
+        if info.get(scheme):
+            address = info[scheme]
+            patterns[f"{scheme}://"] = address if "://" in address else f"http://{address}"
+    for host in (name.strip() for name in info.get("no", "").split(",")):
+        if host == "*":
+            return {}
+        if not host:
+            continue
+        if "://" in host:
+            patterns[host] = None
+        elif _is_address(host, ipaddress.IPv4Address) or host.lower() == "localhost":
+            patterns[f"all://{host}"] = None
+        elif _is_address(host, ipaddress.IPv6Address):
+            patterns[f"all://[{host}]"] = None
+        else:  # a domain: itself and what is under it ("*internal" matches "internal" and "a.internal")
+            patterns[f"all://*{host}"] = None
+    return patterns
+
+
+def _is_address(host: str, kind: type[ipaddress.IPv4Address] | type[ipaddress.IPv6Address]) -> bool:
+    try:
+        kind(host.split("/")[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _proxy_patterns(proxy: Any, trust_env: bool) -> dict[str, Any]:
+    if proxy is not None:
+        return {"all://": proxy}
+    return environment_proxies() if trust_env else {}
+
+
+_TRANSPORT_OPTIONS = ("http1", "http2", "limits")
+"""What ``httpx.Client`` hands its own transports: given to ours."""
+
+
+def reloading_client(
+    identity: ClientIdentity,
+    *,
+    proxy: str | httpx.URL | httpx.Proxy | None = None,
+    mounts: Mapping[str, httpx.BaseTransport | None] | None = None,
+    trust_env: bool = True,
+    retire_after: float | None = None,
+    **options: Any,
+) -> httpx.Client:
+    """An ``httpx.Client`` presenting ``identity``'s newest certificate on every connection, made as
+    ``httpx.Client(**options)`` makes its own: through ``proxy``, else through the proxies the environment names
+    (``HTTPS_PROXY``, ``NO_PROXY``...; with ``trust_env``), each through a :class:`ReloadingTransport`, so the
+    certificate is presented through a proxy's tunnel too. (An ``httpx.Client(transport=...)`` ignores the
+    environment's proxies, and its ``proxy=`` would present no certificate.)
+
+    Args:
+        identity: the client certificate, key and CA bundle, kept fresh.
+        proxy: as ``httpx.Client``'s.
+        mounts: as ``httpx.Client``'s (they win over the proxies, as there).
+        trust_env: as ``httpx.Client``'s (proxies from the environment, ``.netrc``).
+        retire_after: as :class:`ReloadingTransport`'s.
+        **options: what ``httpx.Client`` takes besides ``verify``, ``cert`` and ``transport`` (``http2``,
+            ``limits`` and ``http1`` go to the transports, as httpx does).
+
+    Raises:
+        TypeError: ``verify``, ``cert`` or ``transport`` is given.
+
+    Example::
+
+        identity = ClientIdentity("client.crt", "client.key", cafile="ca.crt")
+        with reloading_client(identity, http2=True, timeout=5.0) as client:
+            client.get("https://service.internal/")
+    """
+    _refuse_ssl_options(options)
+    if "transport" in options:
+        raise TypeError("transport: reloading_client makes its own (ReloadingTransport); mount others with mounts=")
+    wanted = {name: options.pop(name) for name in _TRANSPORT_OPTIONS if name in options}
+
+    def transport(**extra: Any) -> ReloadingTransport:
+        return ReloadingTransport(identity, retire_after=retire_after, trust_env=trust_env, **wanted, **extra)
+
+    routes: dict[str, httpx.BaseTransport | None] = {
+        pattern: None if address is None else transport(proxy=address)
+        for pattern, address in _proxy_patterns(proxy, trust_env).items()
+    }
+    routes.update(mounts or {})
+    return httpx.Client(transport=transport(), mounts=routes, trust_env=trust_env, **wanted, **options)
+
+
+def async_reloading_client(
+    identity: ClientIdentity,
+    *,
+    proxy: str | httpx.URL | httpx.Proxy | None = None,
+    mounts: Mapping[str, httpx.AsyncBaseTransport | None] | None = None,
+    trust_env: bool = True,
+    retire_after: float | None = None,
+    **options: Any,
+) -> httpx.AsyncClient:
+    """:func:`reloading_client` for ``httpx.AsyncClient``, through :class:`AsyncReloadingTransport`.
+
+    Example::
+
+        async with async_reloading_client(identity) as client:
+            await client.get("https://service.internal/")
+    """
+    _refuse_ssl_options(options)
+    if "transport" in options:
+        raise TypeError("transport: async_reloading_client makes its own; mount others with mounts=")
+    wanted = {name: options.pop(name) for name in _TRANSPORT_OPTIONS if name in options}
+
+    def transport(**extra: Any) -> AsyncReloadingTransport:
+        return AsyncReloadingTransport(identity, retire_after=retire_after, trust_env=trust_env, **wanted, **extra)
+
+    routes: dict[str, httpx.AsyncBaseTransport | None] = {
+        pattern: None if address is None else transport(proxy=address)
+        for pattern, address in _proxy_patterns(proxy, trust_env).items()
+    }
+    routes.update(mounts or {})
+    return httpx.AsyncClient(transport=transport(), mounts=routes, trust_env=trust_env, **wanted, **options)

@@ -7,7 +7,9 @@ child process, hostile files contained, a failure reported once with the file na
 :class:`ssl.SSLContext` that is **replaced, never mutated**: ``load_cert_chain`` on a context in use loads the chain
 and the key in two OpenSSL calls, and a handshake in between would present the new chain with the old key.
 
-What a client library's glue needs of it: :attr:`ClientIdentity.presented` (the newest context with its
+What a client library's glue needs of it: :meth:`ClientIdentity.own_context` (a context of the client's own, built
+from the same validated bytes as every other client's, so that what one library sets on its context, such as
+httpcore's ALPN list, never reaches another), :attr:`ClientIdentity.presented` (the newest context with its
 generation and the bytes it was built from, one value), and :meth:`ClientIdentity.subscribe` to be told of a change
 on the checking thread.
 """
@@ -18,6 +20,7 @@ import logging
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,12 +33,21 @@ from tlsreload_plugins.examine import Examined, examine_files, load_identity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import password_digest
+from tlsreload_plugins.lastgood.memory_files import context_from
 from tlsreload_plugins.metrics import observe, wanted
 from tlsreload_plugins.outcome import Outcome, Record, Status, warn_expiry
 from tlsreload_plugins.reloader import Offload
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
 
-__all__ = ["CLIENT_AUTH", "ClientIdentity", "ClientRecipe", "Presented", "client_context", "judge_purpose"]
+__all__ = [
+    "CLIENT_AUTH",
+    "ClientIdentity",
+    "ClientRecipe",
+    "OwnContext",
+    "Presented",
+    "client_context",
+    "judge_purpose",
+]
 
 log = logging.getLogger("tlsreload_plugins.client")
 
@@ -105,6 +117,33 @@ class Presented:
     Python's (gRPC's C core takes PEM bytes, not an :class:`ssl.SSLContext`)."""
 
 
+class OwnContext:
+    """One client's own context of a :class:`ClientIdentity` (:meth:`ClientIdentity.own_context`): the same
+    certificate, key and CA bundle as the identity's, built from the same validated bytes into a context no other
+    client holds. Client libraries set things on the context they are given (httpcore sets its ALPN list at every
+    connection, urllib3 its own): through a context of its own, nothing one client sets reaches another.
+
+    :attr:`presented` is replaced whole by the identity's checking thread at every change, before subscribers are
+    told of it; its generation is the identity's (a copy made as a check changes the identity catches up at the next
+    check).
+    """
+
+    __slots__ = ("__weakref__", "presented")
+
+    def __init__(self, presented: Presented) -> None:
+        self.presented = presented
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        """This client's newest context (:attr:`presented`'s)."""
+        return self.presented.context
+
+    @property
+    def generation(self) -> int:
+        """The generation of :attr:`context`."""
+        return self.presented.generation
+
+
 class ClientIdentity:
     """A client certificate, its key and a CA bundle, kept fresh: each check re-reads the files, and new, valid
     content becomes a new :class:`Presented` (a new context, the next generation); invalid content keeps the last
@@ -162,6 +201,7 @@ class ClientIdentity:
         self._check_lock = threading.Lock()  # one check at a time
         self._subscribers: list[Callable[[Presented], object]] = []
         self._every_check: list[Callable[[Presented], object]] = []
+        self._owners: weakref.WeakSet[OwnContext] = weakref.WeakSet()
         snapshot, leaf, context = load_identity(self.files, self._build, self.password)
         now = clock()
         judge_period(leaf, self.files, datetime.fromtimestamp(now, timezone.utc))
@@ -213,6 +253,44 @@ class ClientIdentity:
         """Changes (by one) with every new context: :attr:`presented`'s."""
         return self._presented.generation
 
+    def own_context(self) -> OwnContext:
+        """A context of the caller's own, kept as fresh as :attr:`context`: what a client library's glue hands its
+        library, so that what one library sets on its context never reaches another client of this identity. Made
+        now from the validated bytes presented (no file is read; it builds a context, so call it where a client is
+        made, not per request); at every change the checking thread builds the next one before subscribers hear of
+        it. Held weakly: a client nobody holds costs nothing.
+
+        Raises:
+            InvalidIdentity: the context could not be built from the bytes (the recipe refused them).
+
+        Example::
+
+            own = identity.own_context()
+            transport = httpx.HTTPTransport(verify=own.context)
+        """
+        own = OwnContext(self._copy(self._presented))
+        with self._lock:
+            self._owners.add(own)
+        return own
+
+    def _copy(self, presented: Presented) -> Presented:
+        """``presented`` with a context of its own, built from its bytes (blocking: memory files and a build)."""
+        context = context_from(presented.snapshot, lambda files: self._recipe(files, self.password))
+        return Presented(presented.generation, context, presented.leaf, presented.snapshot)
+
+    def _refresh_owners(self, behind: list[OwnContext], presented: Presented) -> None:
+        """Give each of ``behind`` a context of ``presented``'s generation (outside the state lock: it builds). One
+        that cannot be built keeps its last context and is tried again at the next check."""
+        for own in behind:
+            try:
+                copy = self._copy(presented)
+            except Exception as e:
+                log.warning("client certificate: a client's own context could not be built (%s); trying again", e)
+                continue
+            with self._lock:
+                if own.presented.generation < copy.generation:
+                    own.presented = copy
+
     def subscribe(self, callback: Callable[[Presented], object], *, every_check: bool = False) -> Callable[[], None]:
         """Call ``callback(presented)`` after every change (with ``every_check``: after every check, changed or
         not, e.g. to close what is overdue), on the checking thread. It must not block for long (an asyncio client
@@ -249,7 +327,7 @@ class ClientIdentity:
 
     # -- one check ----------------------------------------------------------------------------
 
-    def check(self, *, settle: bool = True, offload: Offload[Examined] | None = None) -> Outcome:
+    def check(self, *, settle: bool = True, offload: Offload[Any] | None = None) -> Outcome:
         """Read the files once and act on what is there. Blocking: call it from a thread, not an event loop.
 
         ``settle``: report unusable content only when the previous check found it too (a rotation caught between
@@ -261,6 +339,14 @@ class ClientIdentity:
             examined = offload(lambda: self.examine(now)) if offload is not None else self.examine(now)
             with self._lock:
                 outcome = self._conclude(examined, now, settle)
+                presented = self._presented
+                behind = [own for own in self._owners if own.presented.generation < presented.generation]
+            if behind:  # each client's own context of the new generation, before anyone is told of it
+                if offload is not None:
+                    offload(lambda: self._refresh_owners(behind, presented))
+                else:
+                    self._refresh_owners(behind, presented)
+            with self._lock:
                 self._record.notify(self._every_check, self._presented)
                 self._record.notify(self._record.on_check, outcome, self._status())
                 notices = self._record.take()

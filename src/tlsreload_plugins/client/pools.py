@@ -4,9 +4,11 @@
 A pool (an httpx transport, a urllib3 pool manager, a gRPC channel) is made for one generation of a
 :class:`~tlsreload_plugins.client.identity.ClientIdentity`: its connections present that generation's certificate
 for their whole life. When the identity changes, new requests go through a new pool, and the old one is
-retired: closed as soon as the requests it carries are done, and at the latest ``retire_after`` seconds after it
-was replaced. Nothing here does I/O or waits; the glue closes what a decision hands back (in its own thread, or
-on its event loop).
+retired: closed as soon as the requests it carries are done, as the library alone would close a connection once
+its response is read. A stream open across a change (server-sent events, a watch, a gRPC subscription) lives on
+through its old pool until it ends. Only where ``retire_after`` is set is a replaced pool that still carries requests
+that many seconds after the change handed back to be cut. Nothing here does I/O or waits; the glue closes and cuts
+what a decision hands back (in its own thread, or on its event loop).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from typing import Generic, TypeVar
 
 from tlsreload_plugins.client.identity import ClientIdentity, Presented
 
-__all__ = ["DEFAULT_RETIRE_AFTER", "Pools"]
+__all__ = ["Closed", "Pools"]
 
 P = TypeVar("P")
 
-DEFAULT_RETIRE_AFTER = 10.0
-"""Seconds a replaced pool may keep requests in flight before it is closed under them."""
+
+class Closed(RuntimeError):
+    """The client was closed (:meth:`Pools.close`): the glue raises its library's own error for this."""
 
 
 @dataclass
@@ -35,19 +38,21 @@ class _Pool(Generic[P]):
     generation: int
     in_flight: int = 0
     retired_at: float | None = None
+    cut: bool = False
 
 
 class Pools(Generic[P]):
     """The pools of one client, one per generation of its identity: the newest carries new requests, the
-    replaced ones are closed once idle or overdue.
+    replaced ones are closed once idle.
 
-    Every method returns the pools the caller must close now (each exactly once, outside any lock of its own).
-    Thread-safe; its lock is held for a few assignments, never while a pool is made or closed.
+    Every method but :meth:`overdue` returns the pools the caller must close now (each exactly once, outside any
+    lock of its own); :meth:`overdue` returns those whose connections the caller must cut. Thread-safe; its lock is
+    held for a few assignments, never while a pool is made, closed or cut.
 
     Args:
         make: makes a pool for a generation (called outside the lock: it may take a moment).
-        retire_after: seconds after its replacement at which a pool is closed even with requests in flight
-            (``None``: only when they are done).
+        retire_after: seconds after its replacement at which a pool still carrying requests is due to be cut
+            (:meth:`overdue`); ``None`` (the default): never, it is closed once they are done.
         clock: a monotonic clock (tests).
 
     Example::
@@ -61,7 +66,7 @@ class Pools(Generic[P]):
     def __init__(
         self,
         make: Callable[[int], P],
-        retire_after: float | None = DEFAULT_RETIRE_AFTER,
+        retire_after: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._make = make
@@ -78,14 +83,14 @@ class Pools(Generic[P]):
         :meth:`release`. Returns it with the pools to close now.
 
         Raises:
-            RuntimeError: after :meth:`close`.
+            Closed: after :meth:`close`.
         """
         with self._lock:
             self._refuse_closed()
             current = self._current
             if current is not None and current.generation >= generation:
                 current.in_flight += 1
-                return current.pool, self._idle_or_overdue()
+                return current.pool, self._idle()
         made = self._make(generation)  # outside the lock: a pool may take a moment to make
         with self._lock:
             self._refuse_closed()
@@ -93,11 +98,11 @@ class Pools(Generic[P]):
             if current is not None and current.generation >= generation:
                 # another request made it first: this one is closed unused
                 current.in_flight += 1
-                return current.pool, [made, *self._idle_or_overdue()]
+                return current.pool, [made, *self._idle()]
             if current is not None:
                 self._retire(current)
             self._current = _Pool(made, generation, in_flight=1)
-            return made, self._idle_or_overdue()
+            return made, self._idle()
 
     def renew(self, generation: int) -> list[P]:
         """The identity changed to ``generation``: retire the current pool if it is older (the next request makes
@@ -108,33 +113,46 @@ class Pools(Generic[P]):
             if current is not None and current.generation < generation:
                 self._retire(current)
                 self._current = None
-            return self._idle_or_overdue()
+            return self._idle()
 
-    def follow(self, identity: ClientIdentity, close: Callable[[list[P]], object]) -> Callable[[], None]:
-        """Have ``identity``'s checking thread retire the current pool when it changes (:meth:`renew`) and hand
-        what is idle or overdue to ``close`` after every check (:meth:`overdue`): idle connections close without
-        waiting for a request. Neither these pools nor ``close``'s object (when it is a bound method) are kept
-        alive by the subscriptions: a client nobody holds is collected.
+    def follow(
+        self,
+        identity: ClientIdentity,
+        close: Callable[[list[P]], object],
+        cut: Callable[[list[P]], object] | None = None,
+    ) -> Callable[[], None]:
+        """Have ``identity``'s checking thread retire the current pool when it changes (:meth:`renew`, handing
+        what is idle to ``close``) and, when ``retire_after`` is set, hand what is overdue to ``cut`` after every
+        check (:meth:`overdue`): idle connections close without waiting for a request. Neither these pools nor
+        ``close``'s or ``cut``'s object (when it is a bound method) are kept alive by the subscriptions: a client
+        nobody holds is collected.
 
         Returns:
-            A function that ends both subscriptions.
+            A function that ends the subscriptions.
         """
         pools = weakref.ref(self)
-        closer: Callable[[], Callable[[list[P]], object] | None]
-        closer = weakref.WeakMethod(close) if inspect.ismethod(close) else (lambda: close)
 
-        def act(decide: Callable[[Pools[P]], list[P]]) -> None:
-            held, close_them = pools(), closer()
-            if held is not None and close_them is not None:
-                close_them(decide(held))
+        def weak(act: Callable[[list[P]], object]) -> Callable[[], Callable[[list[P]], object] | None]:
+            return weakref.WeakMethod(act) if inspect.ismethod(act) else (lambda: act)
+
+        closer, cutter = weak(close), weak(cut) if cut is not None else None
 
         def on_change(presented: Presented) -> None:
-            act(lambda held: held.renew(presented.generation))
+            held, close_them = pools(), closer()
+            if held is not None and close_them is not None:
+                close_them(held.renew(presented.generation))
 
-        def on_check(presented: Presented) -> None:
-            act(lambda held: held.overdue() if held.retired else [])
+        subscriptions = [identity.subscribe(on_change)]
+        if cutter is not None and self.retire_after is not None:
 
-        subscriptions = (identity.subscribe(on_change), identity.subscribe(on_check, every_check=True))
+            def on_check(presented: Presented) -> None:
+                held, cut_them = pools(), cutter()
+                if held is not None and cut_them is not None and held.retired:
+                    due = held.overdue()
+                    if due:
+                        cut_them(due)
+
+            subscriptions.append(identity.subscribe(on_check, every_check=True))
 
         def unsubscribe() -> None:
             for end in subscriptions:
@@ -149,28 +167,41 @@ class Pools(Generic[P]):
                 if entry is not None and entry.pool is pool:
                     entry.in_flight = max(0, entry.in_flight - 1)
                     break
-            return self._idle_or_overdue()
+            return self._idle()
 
     def overdue(self) -> list[P]:
-        """The retired pools past ``retire_after`` and those idle: to close now (a timer's call)."""
+        """The retired pools past ``retire_after`` that still carry requests: to cut now (their connections closed
+        under the requests, each pool handed back once; it is closed as idle once those requests are released)."""
         with self._lock:
-            return self._idle_or_overdue()
-
-    def next_deadline(self) -> float | None:
-        """When the soonest retired pool is overdue (on the clock given), or ``None``."""
-        with self._lock:
-            if self.retire_after is None:
-                return None
-            times = [entry.retired_at for entry in self._retired if entry.retired_at is not None]
-            return min(times) + self.retire_after if times else None
+            limit, now = self.retire_after, self._clock()
+            if limit is None:
+                return []
+            due = [
+                entry
+                for entry in self._retired
+                if not entry.cut and entry.retired_at is not None and now - entry.retired_at >= limit
+            ]
+            for entry in due:
+                entry.cut = True
+            return [entry.pool for entry in due]
 
     def close(self) -> list[P]:
-        """Close everything: the client is closing. Returns every pool still open; later calls raise."""
+        """Close everything: the client is closing. Returns every pool still open; later :meth:`acquire` calls
+        raise :class:`Closed`."""
         with self._lock:
             self._closed = True
-            entries = [*self._retired, *([self._current] if self._current is not None else [])]
-            self._retired, self._current = [], None
-            return [entry.pool for entry in entries]
+            return self._take_all()
+
+    def clear(self) -> list[P]:
+        """Close everything, and go on: the next request makes a new pool (requests' ``HTTPAdapter.close``, after
+        which a session still works). Returns every pool still open."""
+        with self._lock:
+            return self._take_all()
+
+    def _take_all(self) -> list[P]:
+        entries = [*self._retired, *([self._current] if self._current is not None else [])]
+        self._retired, self._current = [], None
+        return [entry.pool for entry in entries]
 
     @property
     def retired(self) -> int:
@@ -180,21 +211,16 @@ class Pools(Generic[P]):
 
     def _refuse_closed(self) -> None:
         if self._closed:
-            raise RuntimeError("the client has been closed")
+            raise Closed("the client has been closed")
 
     def _retire(self, entry: _Pool[P]) -> None:
         entry.retired_at = self._clock()
         self._retired.append(entry)
 
-    def _idle_or_overdue(self) -> list[P]:
-        now = self._clock()
-        keep, close = [], []
+    def _idle(self) -> list[P]:
+        keep: list[_Pool[P]] = []
+        close: list[_Pool[P]] = []
         for entry in self._retired:
-            retired_at, limit = entry.retired_at, self.retire_after
-            overdue = retired_at is not None and limit is not None and now - retired_at >= limit
-            if entry.in_flight == 0 or overdue:
-                close.append(entry.pool)
-            else:
-                keep.append(entry)
+            (close if entry.in_flight == 0 else keep).append(entry)
         self._retired = keep
-        return close
+        return [entry.pool for entry in close]

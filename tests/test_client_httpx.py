@@ -184,7 +184,7 @@ def test_one_identity_shared_by_httpx_http2_and_aiohttp(here: Here, http2_server
     # Possible at all: one context handed to both libraries breaks aiohttp once httpx has connected with HTTP/2.
     with httpx.Client(verify=shared, http2=True) as client:
         assert client.get(http2_server).http_version == "HTTP/2"
-    with pytest.raises(aiohttp.ClientResponseError, match="Bad status line"):
+    with pytest.raises(aiohttp.ClientError):  # 3.14: "400, Bad status line"; 3.10: "0, message=''"
         asyncio.run(aiohttp_get(shared, None))
 
     with httpx.Client(transport=ReloadingTransport(identity, http2=True)) as client:

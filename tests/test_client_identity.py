@@ -5,10 +5,12 @@ validation, real handshakes; no thread of its own (watch=False), checks made by 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import ssl
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +45,7 @@ def mtls_port(ca: trustme.CA, server_ca: trustme.CA) -> Iterator[int]:
     server_ca.issue_cert("localhost").configure_cert(context)
     ca.configure_trust(context)
     context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2", "http/1.1"])  # a client offering h2 gets it, as from an HTTP/2 server
     listener = socket.create_server((HOST, 0))
     stop = threading.Event()
 
@@ -96,6 +99,44 @@ def test_a_rotation_is_a_new_context_and_generation_and_the_old_one_is_untouched
     assert presented_serial(after.context, mtls_port) == second.serial
     assert presented_serial(before.context, mtls_port) == first.serial  # replaced, never mutated
     assert identity.status().reloads == 1
+
+
+def test_each_client_has_a_context_of_its_own_kept_as_fresh(
+    tmp_path: Path, ca: trustme.CA, server_ca: trustme.CA, mtls_port: int
+) -> None:
+    """Two clients of one identity: what one sets on its context (httpcore's ALPN list) never reaches the other's,
+    and at a change each is given its own context of the new generation before any subscriber hears of it."""
+    first, second = issue(ca), issue(ca)
+    cert, key = write(tmp_path, first)
+    (tmp_path / "ca.crt").write_bytes(server_ca.cert_pem.bytes())
+    identity = ClientIdentity(str(cert), str(key), cafile=str(tmp_path / "ca.crt"), watch=False)
+    one, other = identity.own_context(), identity.own_context()
+    contexts = {id(identity.context), id(one.context), id(other.context)}
+    assert len(contexts) == 3 and one.generation == other.generation == 0
+    one.context.set_alpn_protocols(["h2", "http/1.1"])  # what httpcore does to the context it is given
+
+    def alpn(context: ssl.SSLContext) -> str | None:
+        with (
+            socket.create_connection((HOST, mtls_port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            assert tls.recv(100).decode() == first.serial
+            return tls.selected_alpn_protocol()
+
+    assert alpn(one.context) == "h2"  # possible at all: the server takes h2 from a client offering it
+    assert alpn(other.context) is None and alpn(identity.context) is None  # set on one, offered by no other
+    heard: list[tuple[int, int, int]] = []
+    identity.subscribe(lambda presented: heard.append((presented.generation, one.generation, other.generation)))
+    write(tmp_path, second)
+    assert identity.check() is Outcome.RELOADED
+    assert heard == [(1, 1, 1)]  # both were ready when the change was told
+    assert presented_serial(one.context, mtls_port) == presented_serial(other.context, mtls_port) == second.serial
+    assert one.context is not other.context is not identity.context
+    assert one.presented.snapshot is identity.presented.snapshot  # the same validated bytes, built again
+    gone = weakref.ref(identity.own_context())
+    gc.collect()
+    assert gone() is None  # the identity holds its clients' contexts weakly: a client nobody holds is collected
+    assert identity.check() is Outcome.UNCHANGED
 
 
 def place_no_client_auth(ca: trustme.CA, cert: Path, key: Path) -> None:

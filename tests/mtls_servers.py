@@ -5,7 +5,8 @@ test writes is what the next handshake gets, with no reloader of ours in between
 ``python tests/mtls_servers.py http --cert C --key K --client-ca CA --port P``: HTTP/1.1 with keep-alive; ``GET``
 answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline; ``GET /?until=PATH`` sends the
 serial, then holds the newline back until the file PATH exists (at most a minute): a response in flight, its
-connection lent meanwhile, for as long as the test wants.
+connection lent meanwhile, for as long as the test wants. ``GET /redirect`` answers ``302`` to ``/``, and
+``GET /status/404`` answers ``404``.
 ``python tests/mtls_servers.py grpc ...``: gRPC, ``/echo.Echo/Who`` (raw bytes, no protobuf) answers the same;
 ``/echo.Echo/Held`` (unary) answers it once the file named by the request exists, and ``/echo.Echo/Twice`` (unary
 to stream) answers it at once and again once that file exists: calls that stay in flight as long as a test wants.
@@ -56,6 +57,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # headers and body are two writes: no delayed-ACK wait between them
 
     def do_GET(self) -> None:
+        path = urllib.parse.urlsplit(self.path).path
+        if path == "/redirect":
+            self._answer(302, b"", location="/")
+            return
+        if path == "/status/404":
+            self._answer(404, b"not found\n")
+            return
         der = self.connection.getpeercert(binary_form=True)  # type: ignore[attr-defined]
         body = (serial_of_der(der) if der else "none").encode() + b"\n"
         self.send_response(200)
@@ -72,6 +80,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             while not os.path.exists(until[0]) and time.monotonic() < deadline:
                 time.sleep(0.02)  # this connection's own thread: others are answered meanwhile
             body = body[-1:]
+        self.wfile.write(body)
+
+    def _answer(self, status: int, body: bytes, location: str | None = None) -> None:
+        """A whole answer of its own (a redirect, an error status), the connection kept alive as for the rest."""
+        self.send_response(status)
+        if location is not None:
+            self.send_header("Location", location)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
         self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -733,6 +733,8 @@ class AsyncReloadingChannel(_Channels, grpc.aio.Channel):  # type: ignore[misc]
         self._interceptors = interceptors
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        # The calls not done yet on each channel a cut may close (with retire_after; touched on the loop only).
+        self._in_flight: dict[Any, set[Any]] = {}
         super().__init__(identity, retire_after)
 
     def _make(self, generation: int) -> Any:
@@ -756,15 +758,33 @@ class AsyncReloadingChannel(_Channels, grpc.aio.Channel):  # type: ignore[misc]
             loop.call_soon_threadsafe(self._close_on_loop, channels)
 
     def _close_on_loop(self, channels: list[Any]) -> None:
+        for channel in channels:
+            if self.was_cut(channel):
+                # A cut cancels the channel's calls itself, before closing it. Older grpcio's close (1.66) cancels
+                # only the calls it finds in the frames of running tasks: a stream nobody is reading is not there,
+                # and the C core's close does not end it, so it would never be done nor released (the channel
+                # retired for ever). And a task awaiting our call object has it in its frame: gRPC's close would
+                # call our cancel(), taken for the caller's own. Newer grpcio tracks its calls; done is done.
+                for call in list(self._in_flight.pop(channel, ())):
+                    call.cancel()
         task = asyncio.get_running_loop().create_task(_close_all(channels))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+    def _landed(self, channel: Any, call: Any) -> None:
+        calls = self._in_flight.get(channel)
+        if calls is not None:
+            calls.discard(call)
+            if not calls:
+                del self._in_flight[channel]
 
     def wrap(self, kind: str, call: Any, channel: Any) -> Any:
         if self.retire_after is None:  # nothing is ever cut: gRPC's own object, untouched
             return call
         cut = _Cut(self, channel)
         call.add_done_callback(cut.ended)
+        self._in_flight.setdefault(channel, set()).add(call)
+        call.add_done_callback(lambda _: self._landed(channel, call))
         return _AIO_CALLS[kind](call, cut)
 
     def unary_unary(

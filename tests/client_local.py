@@ -38,6 +38,11 @@ class Here:
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1].rstrip("/"))
 
+    @property
+    def target(self) -> str:
+        """``host:port``: what a proxy is asked to CONNECT to."""
+        return f"localhost:{self.port}"
+
     def held_url(self) -> str:
         """A request whose answer ends only once :attr:`release` exists (its connection lent until then)."""
         return f"{self.url}?until={self.release}"

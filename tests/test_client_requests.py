@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import base64
 import ssl
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,49 +18,27 @@ import pytest
 import requests
 import trustme
 
+from client_local import Here, local_world
 from connect_proxy import ConnectProxy
 from tlsreload_plugins.client import ClientIdentity
 from tlsreload_plugins.client.requests import ReloadingAdapter
-from tlsreload_plugins.outcome import Outcome
-from tlstest import KubeletLayout, Pair, free_port, issue, run_server, wait_until
+from tlstest import issue, wait_until
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
-@dataclass
-class Here:
-    server_ca: trustme.CA
-    client_ca: trustme.CA
-    files: KubeletLayout
-    url: str
-    target: str  # what a proxy is asked to CONNECT to
+def stock_session(here: Here) -> requests.Session:
+    """requests alone, given the same files."""
+    session = requests.Session()
+    session.cert = (str(here.files.cert_path), str(here.files.key_path))
+    session.verify = str(here.files.ca_path)
+    return session
 
-    def install(self, pair: Pair) -> None:
-        trusted = self.server_ca.cert_pem.bytes()
-        self.files.write_files({"tls.crt": pair.chain, "tls.key": pair.key, "ca.crt": trusted})
 
-    def identity(self) -> ClientIdentity:
-        files = self.files
-        return ClientIdentity(str(files.cert_path), str(files.key_path), cafile=str(files.ca_path), watch=False)
-
-    def rotate(self, identity: ClientIdentity) -> Pair:
-        """A new pair on disk, and the check that takes it in."""
-        pair = issue(self.client_ca)
-        self.install(pair)
-        assert identity.check(settle=False) is Outcome.RELOADED
-        return pair
-
-    def stock(self) -> requests.Session:
-        """requests alone, given the same files."""
-        session = requests.Session()
-        session.cert = (str(self.files.cert_path), str(self.files.key_path))
-        session.verify = str(self.files.ca_path)
-        return session
-
-    def ours(self, identity: ClientIdentity) -> requests.Session:
-        session = requests.Session()
-        session.mount("https://", ReloadingAdapter(identity))
-        return session
+def reloading_session(identity: ClientIdentity) -> requests.Session:
+    session = requests.Session()
+    session.mount("https://", ReloadingAdapter(identity))
+    return session
 
 
 @pytest.fixture(autouse=True)
@@ -75,23 +51,8 @@ def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def here(tmp_path: Path) -> Iterator[Here]:
-    server_ca, client_ca, port = trustme.CA(), trustme.CA(), free_port()
-    server = issue(server_ca)
-    (tmp_path / "server.crt").write_bytes(server.chain)
-    (tmp_path / "server.key").write_bytes(server.key)
-    (tmp_path / "client-ca.pem").write_bytes(client_ca.cert_pem.bytes())
-    args = [
-        str(Path(__file__).parent / "mtls_servers.py"),
-        "http",
-        *("--cert", str(tmp_path / "server.crt"), "--key", str(tmp_path / "server.key")),
-        *("--client-ca", str(tmp_path / "client-ca.pem"), "--port", str(port)),
-    ]
-    with run_server([sys.executable, *args], tmp_path / "server.log", port) as running:
-        wait_until(lambda: "ready" in running.output(), 30, what="the mTLS server to listen")
-        here = Here(server_ca, client_ca, KubeletLayout(tmp_path / "client"), f"https://localhost:{port}/", "")
-        here.target = f"localhost:{port}"
-        here.install(issue(client_ca))
-        yield here
+    with local_world(tmp_path) as world:
+        yield world
 
 
 def outcome(session: requests.Session, url: str, proxy: ConnectProxy, **kwargs: Any) -> tuple[str, list[str]]:
@@ -105,7 +66,7 @@ def outcome(session: requests.Session, url: str, proxy: ConnectProxy, **kwargs: 
 
 
 def both(here: Here, identity: ClientIdentity) -> dict[str, requests.Session]:
-    return {"stock": here.stock(), "ours": here.ours(identity)}
+    return {"stock": stock_session(here), "ours": reloading_session(identity)}
 
 
 def compare(sessions: dict[str, requests.Session], run: Callable[[requests.Session], object]) -> object:
@@ -209,7 +170,7 @@ def test_through_an_https_proxy_trusted_by_verify(here: Here, tmp_path: Path) ->
     both_cas.write_bytes(here.server_ca.cert_pem.bytes() + proxy_ca.cert_pem.bytes())
     proxy_cas = tmp_path / "proxy-ca.pem"
     proxy_cas.write_bytes(proxy_ca.cert_pem.bytes())
-    stock, ours = here.stock(), here.ours(identity)
+    stock, ours = stock_session(here), reloading_session(identity)
     stock.verify = str(both_cas)
     with ConnectProxy(tls=proxy_context) as proxy:
         # By name (the proxy's certificate has it), as urllib3 1.26 can check an HTTPS proxy's name only then.
@@ -223,7 +184,7 @@ def test_through_an_https_proxy_trusted_by_verify(here: Here, tmp_path: Path) ->
             assert outcome(ours, here.url, proxy, proxies=through) == (first, [here.target])
         # Not trusted by requests' default bundle: refused, for both alike (ProxyError with urllib3 2, SSLError
         # with 1.26).
-        stock.verify, fresh = True, here.ours(identity)
+        stock.verify, fresh = True, reloading_session(identity)
         refused = compare({"stock": stock, "ours": fresh}, lambda s: outcome(s, here.url, proxy, proxies=through))
         assert refused in [("ProxyError", []), ("SSLError", [])]
         with pytest.raises(requests.RequestException, match="CERTIFICATE_VERIFY_FAILED"):
@@ -258,7 +219,7 @@ def test_a_closed_session_works_again(here: Here) -> None:
 
 
 def test_verify_false_and_cert_are_refused(here: Here) -> None:
-    session = here.ours(here.identity())
+    session = reloading_session(here.identity())
     with pytest.raises(ValueError, match="verify=False"):
         session.get(here.url, verify=False, timeout=10)
     with pytest.raises(ValueError, match="cert="):

@@ -397,6 +397,34 @@ _TRANSPORT_OPTIONS = ("http1", "http2", "limits")
 """What ``httpx.Client`` hands its own transports: given to ours."""
 
 
+def _client_options(
+    identity: ClientIdentity,
+    transport_class: type[ReloadingTransport] | type[AsyncReloadingTransport],
+    proxy: Any,
+    mounts: Mapping[str, Any] | None,
+    trust_env: bool,
+    retire_after: float | None,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """What ``httpx.Client`` (``AsyncClient``) is given so that it routes as it would route its own: our transport
+    for direct requests, one more per proxy (the environment's where none is given), ``None`` where ``NO_PROXY``
+    sends a request direct, the caller's mounts over them."""
+    _refuse_ssl_options(options)
+    if "transport" in options:
+        raise TypeError(f"transport: the client makes its own ({transport_class.__name__}); mount others with mounts=")
+    wanted = {name: options.pop(name) for name in _TRANSPORT_OPTIONS if name in options}
+
+    def transport(**extra: Any) -> Any:
+        return transport_class(identity, retire_after=retire_after, trust_env=trust_env, **wanted, **extra)
+
+    routes: dict[str, Any] = {
+        pattern: None if address is None else transport(proxy=address)
+        for pattern, address in _proxy_patterns(proxy, trust_env).items()
+    }
+    routes.update(mounts or {})
+    return {"transport": transport(), "mounts": routes, "trust_env": trust_env, **wanted, **options}
+
+
 def reloading_client(
     identity: ClientIdentity,
     *,
@@ -430,20 +458,9 @@ def reloading_client(
         with reloading_client(identity, http2=True, timeout=5.0) as client:
             client.get("https://service.internal/")
     """
-    _refuse_ssl_options(options)
-    if "transport" in options:
-        raise TypeError("transport: reloading_client makes its own (ReloadingTransport); mount others with mounts=")
-    wanted = {name: options.pop(name) for name in _TRANSPORT_OPTIONS if name in options}
-
-    def transport(**extra: Any) -> ReloadingTransport:
-        return ReloadingTransport(identity, retire_after=retire_after, trust_env=trust_env, **wanted, **extra)
-
-    routes: dict[str, httpx.BaseTransport | None] = {
-        pattern: None if address is None else transport(proxy=address)
-        for pattern, address in _proxy_patterns(proxy, trust_env).items()
-    }
-    routes.update(mounts or {})
-    return httpx.Client(transport=transport(), mounts=routes, trust_env=trust_env, **wanted, **options)
+    return httpx.Client(
+        **_client_options(identity, ReloadingTransport, proxy, mounts, trust_env, retire_after, options)
+    )
 
 
 def async_reloading_client(
@@ -462,17 +479,5 @@ def async_reloading_client(
         async with async_reloading_client(identity) as client:
             await client.get("https://service.internal/")
     """
-    _refuse_ssl_options(options)
-    if "transport" in options:
-        raise TypeError("transport: async_reloading_client makes its own; mount others with mounts=")
-    wanted = {name: options.pop(name) for name in _TRANSPORT_OPTIONS if name in options}
-
-    def transport(**extra: Any) -> AsyncReloadingTransport:
-        return AsyncReloadingTransport(identity, retire_after=retire_after, trust_env=trust_env, **wanted, **extra)
-
-    routes: dict[str, httpx.AsyncBaseTransport | None] = {
-        pattern: None if address is None else transport(proxy=address)
-        for pattern, address in _proxy_patterns(proxy, trust_env).items()
-    }
-    routes.update(mounts or {})
-    return httpx.AsyncClient(transport=transport(), mounts=routes, trust_env=trust_env, **wanted, **options)
+    options = _client_options(identity, AsyncReloadingTransport, proxy, mounts, trust_env, retire_after, options)
+    return httpx.AsyncClient(**options)

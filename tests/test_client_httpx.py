@@ -20,6 +20,7 @@ import pytest
 
 from client_local import Here, local_world, rotate
 from connect_proxy import ConnectProxy
+from tlsreload_plugins.client import ClientIdentity, client_context
 from tlsreload_plugins.client.aiohttp import ReloadingConnector
 from tlsreload_plugins.client.httpx import (
     AsyncReloadingTransport,
@@ -28,6 +29,7 @@ from tlsreload_plugins.client.httpx import (
     environment_proxies,
     reloading_client,
 )
+from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.outcome import Outcome
 from tlstest import free_port, issue, run_server, wait_until
 
@@ -292,3 +294,35 @@ def test_ssl_settings_and_transport_come_from_the_identity(here: Here) -> None:
         reloading_client(identity, transport=httpx.HTTPTransport())
     with pytest.raises(TypeError, match="cert"):
         ReloadingTransport(identity, cert=("a", "b"))
+
+
+def test_async_clients_build_no_context_on_the_event_loop(here: Here) -> None:
+    """A context is built from the CA bundle (the system's takes tens of milliseconds): the async glues build theirs
+    on worker threads, at the first request and at every change, never on the loop's thread."""
+    built_on: list[str] = []
+
+    def recipe(files: TLSFiles, password: Password) -> ssl.SSLContext:
+        built_on.append(threading.current_thread().name)
+        return client_context(files, password)
+
+    files = here.files
+    identity = ClientIdentity(
+        str(files.cert_path), str(files.key_path), cafile=str(files.ca_path), watch=False, recipe=recipe
+    )
+
+    async def main() -> None:
+        loop_thread = threading.current_thread().name
+        built_on.clear()
+        transport, connector = AsyncReloadingTransport(identity), ReloadingConnector(identity)
+        async with httpx.AsyncClient(transport=transport) as client, aiohttp.ClientSession(connector=connector) as s:
+            assert (await client.get(here.url)).text.strip() == here.pair.serial
+            async with s.get(here.url) as response:
+                assert (await response.text()).strip() == here.pair.serial
+            assert len(built_on) == 2  # possible at all: one context each, made for them
+            new = await rotate(here, identity)
+            assert (await client.get(here.url)).text.strip() == new.serial
+            async with s.get(here.url) as response:
+                assert (await response.text()).strip() == new.serial
+        assert len(built_on) == 2 + 3 and loop_thread not in built_on, built_on  # the identity's, then one each
+
+    asyncio.run(main())

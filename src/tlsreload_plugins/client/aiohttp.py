@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import Connection
 
-from tlsreload_plugins.client.identity import ClientIdentity
+from tlsreload_plugins.client.identity import ClientIdentity, OwnContext
 from tlsreload_plugins.client.pools import Pools
 
 if TYPE_CHECKING:
@@ -57,8 +57,8 @@ class ReloadingConnector(aiohttp.BaseConnector):
     connector's own): connections made with an older context are never reused after a change, and a replaced
     connector is closed once the connections it lent are released (idle ones at once), on the event loop the
     connector was made on (told from the checking thread with ``call_soon_threadsafe``). A response or websocket
-    open across a change goes on, as with aiohttp alone. Make it inside a running event loop, as ``TCPConnector``
-    (it builds a context of its own: where the session is made, not per request).
+    open across a change goes on, as with aiohttp alone. Make it inside a running event loop, as ``TCPConnector``;
+    its own context of the identity is built at its first request, on a worker thread (never on the loop).
 
     ``limit`` and ``limit_per_host`` hold per generation: while a replaced connector still has connections lent,
     the new one may open its own ``limit`` as well. A request given its own ``ssl=`` presents what it was given.
@@ -91,7 +91,7 @@ class ReloadingConnector(aiohttp.BaseConnector):
         _require_release_callbacks()
         super().__init__(**{name: options[name] for name in _BASE_OPTIONS if name in options})
         self.identity = identity
-        self._own = identity.own_context()
+        self._own: OwnContext | None = None  # built on a worker thread at the first request: never on the loop
         self._options = options
         self._pools: Pools[aiohttp.TCPConnector] = Pools(self._make, retire_after)
         self._closing: set[asyncio.Task[None]] = set()
@@ -100,12 +100,23 @@ class ReloadingConnector(aiohttp.BaseConnector):
         self._unsubscribe = self._pools.follow(identity, self._close_soon, self._cut_soon)
 
     def _make(self, generation: int) -> aiohttp.TCPConnector:
+        assert self._own is not None  # _own_context() came first
         return aiohttp.TCPConnector(ssl=self._own.context, **self._options)
+
+    async def _own_context(self) -> OwnContext:
+        """This connector's own context of the identity, made at its first request on a worker thread: building
+        one reads its CA bundle (the system's takes tens of milliseconds), which must not stall the event loop."""
+        own = self._own
+        if own is None:
+            made = await asyncio.to_thread(self.identity.own_context)
+            own = self._own = self._own or made  # two first requests at once: one context kept
+        return own
 
     async def connect(self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout) -> Connection:
         """A connection for ``req`` from the newest generation's connector (made now when the identity changed);
         what ``ClientSession`` calls for each request."""
-        connector, to_close = self._pools.acquire(self._own.generation)
+        own = await self._own_context()
+        connector, to_close = self._pools.acquire(own.generation)
         self._close_on_loop(to_close)
         try:
             connection = await connector.connect(req, traces, timeout)

@@ -23,9 +23,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 from urllib.request import getproxies
 
+import anyio
 import httpx
 
-from tlsreload_plugins.client.identity import ClientIdentity
+from tlsreload_plugins.client.identity import ClientIdentity, OwnContext
 from tlsreload_plugins.client.pools import Pools
 
 __all__ = [
@@ -253,7 +254,7 @@ class ReloadingTransport(httpx.BaseTransport):
 class AsyncReloadingTransport(httpx.AsyncBaseTransport):
     """:class:`ReloadingTransport` for ``httpx.AsyncClient``. Replaced transports are closed on the event loop
     that made them (told from the checking thread with ``call_soon_threadsafe``, under asyncio; under trio at the
-    next request). Make it where the client is made: it builds a context of its own.
+    next request). Its own context of the identity is built at its first request, on a worker thread.
 
     Example::
 
@@ -265,7 +266,7 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
     def __init__(self, identity: ClientIdentity, *, retire_after: float | None = None, **options: Any) -> None:
         _refuse_ssl_options(options)
         self.identity = identity
-        self._own = identity.own_context()
+        self._own: OwnContext | None = None  # built on a worker thread at the first request: never on the loop
         self._options = options
         self._reason = _cut_reason(retire_after)
         self._streams = _Streams()
@@ -277,7 +278,17 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
         self._pools.follow(identity, self._close_soon, self._streams.cut)
 
     def _make(self, generation: int) -> httpx.AsyncHTTPTransport:
+        assert self._own is not None  # _own_context() came first
         return httpx.AsyncHTTPTransport(verify=self._own.context, **self._options)
+
+    async def _own_context(self) -> OwnContext:
+        """This transport's own context of the identity, made at its first request on a worker thread: building
+        one reads its CA bundle (the system's takes tens of milliseconds), which must not stall the event loop."""
+        own = self._own
+        if own is None:
+            made = await anyio.to_thread.run_sync(self.identity.own_context)
+            own = self._own = self._own or made  # two first requests at once: one context kept
+        return own
 
     def _close_soon(self, transports: list[httpx.AsyncHTTPTransport]) -> None:
         """From the checking thread: close ``transports`` on their loop (else at the next request)."""
@@ -311,8 +322,9 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
         if self._loop is None:
             with contextlib.suppress(RuntimeError):  # trio: replaced transports are closed at requests
                 self._loop = asyncio.get_running_loop()
+        own = await self._own_context()
         pending = self._take_pending()
-        transport, to_close = self._pools.acquire(self._own.generation)
+        transport, to_close = self._pools.acquire(own.generation)
         await self._aclose_all([*pending, *to_close])
         try:
             response = await transport.handle_async_request(request)

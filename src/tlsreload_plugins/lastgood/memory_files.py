@@ -10,11 +10,11 @@ import contextlib
 import os
 import shutil
 import ssl
-import tempfile
 from collections.abc import Callable, Iterator
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Snapshot, TLSFiles
+from tlsreload_plugins.private_directories import private_directory
 from tlsreload_plugins.revocation import check_revocation
 
 RecipeFor = Callable[[TLSFiles], ssl.SSLContext]
@@ -42,7 +42,7 @@ def in_memory_files(cert: bytes, key: bytes | None, ca: bytes | None, crl: bytes
             for fd in fds:
                 os.close(fd)
         return
-    directory = tempfile.mkdtemp(prefix="tlsreload-")  # 0700
+    directory = private_directory("memory")  # 0700; one a SIGKILL left behind is swept by the next
     try:
 
         def write(name: str, data: bytes | None) -> str | None:

@@ -21,6 +21,7 @@ import threading
 from types import TracebackType
 
 from tlsreload_plugins.files import TLSFiles
+from tlsreload_plugins.private_directories import private_directory
 
 __all__ = ["CA_NAME", "CERT_NAME", "KEY_NAME", "PushedIdentity", "memory_directory"]
 
@@ -61,7 +62,9 @@ class PushedIdentity:
     Each :meth:`push` writes the certificate, the key and (optionally) the CA bundle into a new directory, then
     swaps them all in with one rename, so that a reader never sees half a push. The directory is private (mode
     0700, each file 0600), made in memory where the system allows (``/dev/shm``, ``$XDG_RUNTIME_DIR``), and removed
-    by :meth:`close` or at the exit of the process that made it (not of a forked worker).
+    by :meth:`close` or at the exit of the process that made it (not of a forked worker). One left by a process
+    killed with SIGKILL is removed by the next ``PushedIdentity`` made in the same place
+    (:func:`~tlsreload_plugins.private_directories.sweep`).
 
     Args:
         parent: where to make the private directory (default: :func:`memory_directory`, else the system's
@@ -84,7 +87,8 @@ class PushedIdentity:
                     "under %s, which may be on disk",
                     tempfile.gettempdir(),
                 )
-        self.directory = tempfile.mkdtemp(prefix="tlsreload-pushed-", dir=parent)  # mode 0700
+        # Mode 0700, named for this process: what a process killed with SIGKILL leaves is removed by the next.
+        self.directory = private_directory("pushed", parent)
         self._owner = os.getpid()
         self._numbers = itertools.count(1)
         # Held by pushers only, never by a reloader or a serving thread: it orders pushes (the last one called

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
+from tlsreload_plugins.private_directories import private_directory
 from tlsreload_plugins.validation.apart import validate
 from tlsreload_plugins.watch.options import UsageError
 
@@ -35,7 +36,7 @@ class Copies:
     def __init__(self, directory: str | None, files: TLSFiles) -> None:
         if directory is None:
             try:
-                self.path = tempfile.mkdtemp(prefix="tlsreload-watch-")  # mode 0700
+                self.path = private_directory("watch")  # mode 0700; a SIGKILLed watch's is swept by the next
             except OSError as e:
                 raise UsageError(
                     f"cannot create a private directory for the copies in {tempfile.gettempdir()}: "

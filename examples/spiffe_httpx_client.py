@@ -21,7 +21,7 @@ import time
 
 from tlsreload_plugins.client import ClientIdentity
 from tlsreload_plugins.client.httpx import reloading_client
-from tlsreload_plugins.sources.spiffe import SVID_EXPIRY_WARNING_DAYS, SpiffeSource
+from tlsreload_plugins.sources.spiffe import SpiffeSource
 
 
 def main() -> int:
@@ -38,9 +38,7 @@ def main() -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with SpiffeSource(args.socket) as source:  # waits for the first SVID
-        identity = ClientIdentity.from_files(
-            source.files, interval=args.interval, expiry_warning_days=SVID_EXPIRY_WARNING_DAYS
-        )
+        identity = ClientIdentity.from_files(source.files, interval=args.interval)
         with identity, reloading_client(identity, timeout=5.0) as client:
             end = time.monotonic() + args.duration
             while not stop.is_set() and time.monotonic() < end:

@@ -696,7 +696,7 @@ def test_expiry_warning_once_not_per_tick(tmp_path: Path, ca: trustme.CA, caplog
     for _ in range(20):
         assert reloader.check() is Outcome.UNCHANGED
     assert len(warnings()) == 1, warnings()
-    assert "expires in 2.0 days" in warnings()[0] and soon.serial in warnings()[0]
+    assert "expires in 48.0 hours" in warnings()[0] and soon.serial in warnings()[0]
 
     renewed = issue(ca)
     layout.install(renewed)

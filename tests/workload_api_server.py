@@ -66,9 +66,16 @@ def encode_response(svids: Sequence[Svid], *, crl: bytes = b"") -> bytes:
     return out + (_field(2, crl) if crl else b"")
 
 
-def mint_svid(ca: Any, path: str, *dns: str) -> Svid:
+def mint_svid(
+    ca: Any,
+    path: str,
+    *dns: str,
+    not_before: datetime.datetime | None = None,
+    not_after: datetime.datetime | None = None,
+) -> Svid:
     """An X.509 SVID for ``spiffe://example.org/<path>`` signed by the trustme CA ``ca`` (DNS names too, as SPIRE
-    entries may carry), with the trust domain's bundle (``ca``'s certificate)."""
+    entries may carry), with the trust domain's bundle (``ca``'s certificate); valid from five minutes ago for an
+    hour unless given."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -88,8 +95,8 @@ def mint_svid(ca: Any, path: str, *dns: str) -> Svid:
         .issuer_name(issuer.subject)
         .public_key(key.public_key())
         .serial_number(serial)
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
+        .not_valid_before(not_before or now - datetime.timedelta(minutes=5))
+        .not_valid_after(not_after or now + datetime.timedelta(hours=1))
         .add_extension(x509.SubjectAlternativeName(names), critical=True)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(

@@ -1,11 +1,11 @@
 """What a check decided, and when a problem is reported: :class:`Outcome`, :class:`Status`,
-:class:`Settling`, :class:`Record` and :func:`warn_expiry`.
+:class:`Settling` and :class:`Record` (the expiry: :mod:`tlsreload_plugins.expiry`).
 
 Plain values and small decisions, no I/O: :class:`~tlsreload_plugins.reloader.Reloader` (and a client's
 :class:`~tlsreload_plugins.client.identity.ClientIdentity`) returns an :class:`Outcome` from every check, keeps
 what its checks found in a :class:`Record` (handed out as a :class:`Status`), whose :class:`Settling` says whether
-a bad content is reported now, and :func:`warn_expiry` whether the served certificate's expiry is
-(:func:`warn_revocation`: when the served CRLs' is, :func:`warn_uncovered`: which CAs have none,
+a bad content is reported now (:func:`warn_revocation`: when the served CRLs' expiry is, :func:`warn_uncovered`:
+which CAs have none,
 :func:`warn_unasked`: that no client is asked to meet them).
 """
 
@@ -263,34 +263,6 @@ class Record:
             failures=self.failures,
             refused_resumptions=self.refused_resumptions,
         )
-
-
-def warn_expiry(
-    log: logging.Logger, leaf: Leaf, now: float, warning_days: float, last_warning: float | None
-) -> float | None:
-    """Warn on ``log`` (the reloader's) that the served certificate ``leaf`` expires within
-    ``warning_days`` of ``now``, or has expired, at most once a day: ``last_warning`` is when the
-    previous warning was given (``None``: never). Returns when the last warning was given (``now``
-    when it was just given)."""
-    seconds_left = leaf.not_after.timestamp() - now
-    if seconds_left > warning_days * 86400:
-        return last_warning
-    if last_warning is not None and now - last_warning < 86400:
-        return last_warning
-    if seconds_left <= 0:
-        log.warning(
-            "the served certificate EXPIRED at %s and no newer valid one is on disk: %s",
-            leaf.not_after.isoformat(),
-            leaf.describe(),
-        )
-    else:
-        log.warning(
-            "the served certificate expires in %.1f days (%s) and no newer one is on disk yet: %s",
-            seconds_left / 86400,
-            leaf.not_after.isoformat(),
-            leaf.describe(),
-        )
-    return now
 
 
 CRLWarning = Literal["soon", "passed"]

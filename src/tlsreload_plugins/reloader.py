@@ -37,6 +37,7 @@ from tlsreload_plugins.examine import (
     load_identity,
     new_content,
 )
+from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_hash, read_files
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_to_build
@@ -46,7 +47,6 @@ from tlsreload_plugins.outcome import (
     Outcome,
     Record,
     Status,
-    warn_expiry,
     warn_revocation,
     warn_unasked,
     warn_uncovered,
@@ -262,7 +262,7 @@ class Reloader:
         self._fixed_warned: tuple[str, ...] = ()
         self._record.last_success = clock()
         # When the expiry warning was last given, and the last CRL warning given for the CRLs served.
-        self._warned: tuple[float | None, CRLWarning | None] = (None, None)
+        self._warned: tuple[ExpiryNotice | None, CRLWarning | None] = (None, None)
         self._switch_failed_logged = False
         self._route: Route | None = None
         self._warn_expiry(self._record.last_success)
@@ -478,7 +478,9 @@ class Reloader:
     def _warn_expiry(self, now: float) -> None:
         last_expiry, last_crl = self._warned
         self._warned = (
-            warn_expiry(log, self._leaf, now, self.expiry_warning_days, last_expiry),
+            warn_expiry(
+                log, self._leaf, self.files, now, self.expiry_warning_days, last_expiry, interval=self.interval
+            ),
             warn_revocation(log, self._leaf, self.files, now, last_crl) if self._reports_trust else None,
         )
 

@@ -19,9 +19,9 @@ docs/benchmarks.md), so checking every second costs next to nothing and a rotati
 about a second."""
 
 DEFAULT_EXPIRY_WARNING_DAYS = 14.0
-"""Warn when the served certificate expires within this many days. cert-manager renews at
-two thirds of the lifetime and certbot 30 days ahead: a certificate this close to expiry
-means renewal is not reaching the server."""
+"""The longest expiry warning window when none is set: the window is the last sixth of a certificate's lifetime
+(:func:`tlsreload_plugins.expiry.warning_seconds`), at most this many days. cert-manager renews at two thirds of the
+lifetime and certbot 30 days ahead: a certificate this close to expiry means renewal is not reaching the server."""
 
 MIN_INTERVAL = 0.1
 """The shortest check interval accepted: below it a worker would spend its time reading files."""
@@ -76,14 +76,16 @@ def resolve_password(password: Password = None) -> Password:
     return password_file(path) if path else None
 
 
-def resolve_expiry_warning_days(days: float | None = None) -> float:
-    """Days before expiry to warn: ``days`` if given, else ``$TLSRELOAD_EXPIRY_WARNING_DAYS``, else 14."""
+def resolve_expiry_warning_days(days: float | None = None) -> float | None:
+    """Days before expiry to warn: ``days`` if given, else ``$TLSRELOAD_EXPIRY_WARNING_DAYS``, else ``None``: the
+    last sixth of each certificate's lifetime, at most :data:`DEFAULT_EXPIRY_WARNING_DAYS`
+    (:func:`tlsreload_plugins.expiry.warning_seconds`)."""
     if days is not None:
         return _number(days, "expiry_warning_days", "days")
     env = os.environ.get(EXPIRY_WARNING_ENV)
     if env:
         return _number(env, EXPIRY_WARNING_ENV, "days")
-    return DEFAULT_EXPIRY_WARNING_DAYS
+    return None
 
 
 def resolve_crl(crl: str | None = None) -> str | None:

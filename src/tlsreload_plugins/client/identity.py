@@ -30,12 +30,13 @@ from typing import Any
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import Examined, examine_files, load_identity
+from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import password_digest
 from tlsreload_plugins.lastgood.memory_files import context_from
 from tlsreload_plugins.metrics import observe, wanted
-from tlsreload_plugins.outcome import Outcome, Record, Status, warn_expiry
+from tlsreload_plugins.outcome import Outcome, Record, Status
 from tlsreload_plugins.reloader import Offload
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
 
@@ -160,7 +161,8 @@ class ClientIdentity:
             with the rest.
         password: the key password (a string, bytes or a callable), else ``TLSRELOAD_KEY_PASSWORD_FILE``'s.
         interval: seconds between checks, else ``TLSRELOAD_INTERVAL``, else 1.
-        expiry_warning_days: warn when the certificate presented expires within this many days.
+        expiry_warning_days: warn when the certificate presented expires within this many days, else
+            ``TLSRELOAD_EXPIRY_WARNING_DAYS``, else within the last sixth of its lifetime (at most 14 days).
         recipe: builds a client context from the files (default :func:`client_context`).
         watch: check in a daemon thread of its own.
         metrics: export Prometheus metrics (the server side's names, labelled ``identity="client"``), else
@@ -210,7 +212,7 @@ class ClientIdentity:
         self._fingerprint = fingerprint(snapshot)
         self._known_bad: Examined | None = None
         self._record = Record(log, "client certificate", "presenting", now)
-        self._last_expiry_warning: float | None = None
+        self._expiry: ExpiryNotice | None = None
         self._warn_expiry(now)
         if wanted(metrics):
             observe(self, identity=METRICS_IDENTITY)
@@ -398,7 +400,6 @@ class ClientIdentity:
         self._presented = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot)
         self._fingerprint = examined.fingerprint or ""
         self._known_bad = None
-        self._last_expiry_warning = None
         log.info(
             "reloaded client certificate from %s: serial %s -> %s; new connections present %s",
             self.files.certfile,
@@ -416,8 +417,15 @@ class ClientIdentity:
         self._warn_expiry(now)
 
     def _warn_expiry(self, now: float) -> None:
-        self._last_expiry_warning = warn_expiry(
-            log, self._presented.leaf, now, self.expiry_warning_days, self._last_expiry_warning
+        self._expiry = warn_expiry(
+            log,
+            self._presented.leaf,
+            self.files,
+            now,
+            self.expiry_warning_days,
+            self._expiry,
+            interval=self.interval,
+            what="the client certificate presented",
         )
 
     # -- reading state and stopping ------------------------------------------------------------

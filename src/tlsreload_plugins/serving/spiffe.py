@@ -3,18 +3,14 @@
 The glue starts the source once, in the process that starts the workers (gunicorn's arbiter, uvicorn's
 supervisor), before any worker: its files become the server's certificate, key and client-CA settings, and the
 workers take them (and the last good store) like any files. A worker therefore never starts before the first SVID
-arrived: the server does not start without one. The expiry warning, unless set, becomes
-:data:`~tlsreload_plugins.sources.spiffe.SVID_EXPIRY_WARNING_DAYS` (``$TLSRELOAD_EXPIRY_WARNING_DAYS``, which workers
-inherit).
+arrived: the server does not start without one. The expiry warning needs no setting of its own: unless set, it is
+the last sixth of each certificate's lifetime (10 minutes of an hour's SVID).
 """
 
 from __future__ import annotations
 
-import os
-
 from tlsreload_plugins.serving.start import CannotServe
-from tlsreload_plugins.settings import EXPIRY_WARNING_ENV
-from tlsreload_plugins.sources.spiffe import SVID_EXPIRY_WARNING_DAYS, NoSVID, SpiffeSource
+from tlsreload_plugins.sources.spiffe import NoSVID, SpiffeSource
 
 __all__ = ["start_source"]
 
@@ -35,9 +31,6 @@ def start_source(spiffe: str, *, timeout: float | None = None) -> SpiffeSource:
 
     Example: ``with exit_if_cannot_serve(3): source = start_source(resolve_spiffe(None) or "")``.
     """
-    # SVIDs live hours, not months: the expiry warning of files (14 days) would fire on every one. Set before any
-    # reloader reads it, in the process that starts the workers, which inherit it; one set by the user stays.
-    os.environ.setdefault(EXPIRY_WARNING_ENV, repr(SVID_EXPIRY_WARNING_DAYS))
     try:
         return SpiffeSource(spiffe or None, timeout=timeout)
     except (ValueError, ImportError, NoSVID) as e:

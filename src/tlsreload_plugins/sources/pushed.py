@@ -69,6 +69,8 @@ class PushedIdentity:
     Args:
         parent: where to make the private directory (default: :func:`memory_directory`, else the system's
             temporary directory, said in a WARNING line).
+        kind: what its directory's name says the identity is from, a lowercase word (a SPIFFE source's ``spiffe``:
+            the readers' expiry lines then say the next SVID is to come from the Workload API).
 
     Example::
 
@@ -78,7 +80,7 @@ class PushedIdentity:
         pushed.push(new_cert_pem, new_key_pem, ca_pem)  # the next reload serves it
     """
 
-    def __init__(self, parent: str | None = None) -> None:
+    def __init__(self, parent: str | None = None, *, kind: str = "pushed") -> None:
         if parent is None:
             parent, in_memory = memory_directory()
             if not in_memory:
@@ -88,7 +90,7 @@ class PushedIdentity:
                     tempfile.gettempdir(),
                 )
         # Mode 0700, named for this process: what a process killed with SIGKILL leaves is removed by the next.
-        self.directory = private_directory("pushed", parent)
+        self.directory = private_directory(kind, parent)
         self._owner = os.getpid()
         self._numbers = itertools.count(1)
         # Held by pushers only, never by a reloader or a serving thread: it orders pushes (the last one called

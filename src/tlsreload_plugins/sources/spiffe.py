@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # grpcio is the [spiffe] extra: imported when a source starts
 
 __all__ = [
     "FIRST_SVID_TIMEOUT",
-    "SVID_EXPIRY_WARNING_DAYS",
+    "SPIFFE_KIND",
     "NoSVID",
     "SpiffeSource",
     "SpiffeStatus",
@@ -51,10 +51,9 @@ log = logging.getLogger("tlsreload_plugins.sources.spiffe")
 FIRST_SVID_TIMEOUT = 30.0
 """Seconds :class:`SpiffeSource` waits at start for the first SVID (an agent attests a new workload in seconds)."""
 
-SVID_EXPIRY_WARNING_DAYS = 10 / (24 * 60)
-"""The expiry warning for SVIDs: 10 minutes before the end. An agent rotates an SVID at half its life (SPIRE's
-default: 1 hour, rotated after 30 minutes), so an SVID this close to its end means rotation is not reaching the
-workload; the 14 days of certificate files would warn on every SVID."""
+SPIFFE_KIND = "spiffe"
+"""The kind of the private directory SVIDs are pushed into (``tlsreload-spiffe-...``): what the readers' expiry
+lines look for to say the next SVID is to come from the Workload API."""
 
 RETRY_FIRST = 0.2
 """Seconds before the first attempt to open the stream again after it went away; doubled each failed attempt."""
@@ -143,7 +142,7 @@ class SpiffeSource:
                 f"reading SVIDs from the Workload API needs grpcio ({e}): pip install 'tlsreload-plugins[spiffe]'"
             ) from e
         self._grpc = grpc
-        self.pushed = PushedIdentity(parent)
+        self.pushed = PushedIdentity(parent, kind=SPIFFE_KIND)
         self._stop = threading.Event()
         self._first = threading.Event()
         self._lock = threading.Lock()  # the state below, for a few assignments: never across I/O

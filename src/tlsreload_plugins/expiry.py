@@ -42,6 +42,7 @@ class ExpiryNotice(FrozenRecord):
     how long to wait before saying EXPIRED again."""
 
     _fields = ("serial", "said_at", "expired", "repeat_after")
+    __slots__ = _fields
     serial: str
     said_at: float
     expired: bool

@@ -6,7 +6,7 @@ test writes is what the next handshake gets, with no reloader of ours in between
 answers the client certificate's serial (``openssl x509 -serial``'s form) and a newline; ``GET /?until=PATH`` sends the
 serial, then holds the newline back until the file PATH exists (at most a minute): a response in flight, its
 connection lent meanwhile, for as long as the test wants. ``GET /redirect`` answers ``302`` to ``/``, and
-``GET /status/404`` answers ``404``.
+``GET /status/404`` answers ``404``; ``POST`` reads the whole body and answers the serial and its length.
 ``python tests/mtls_servers.py grpc ...``: gRPC, ``/echo.Echo/Who`` (raw bytes, no protobuf) answers the same;
 ``/echo.Echo/Held`` (unary) answers it once the file named by the request exists, and ``/echo.Echo/Twice`` (unary
 to stream) answers it at once and again once that file exists: calls that stay in flight as long as a test wants.
@@ -81,6 +81,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 time.sleep(0.02)  # this connection's own thread: others are answered meanwhile
             body = body[-1:]
         self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        """An upload: the whole body read (an answer sent before it would race the client still sending it), then
+        the serial and the number of bytes received."""
+        length = int(self.headers.get("Content-Length") or 0)
+        received = 0
+        while received < length:
+            chunk = self.rfile.read(min(65536, length - received))
+            if not chunk:
+                break
+            received += len(chunk)
+        der = self.connection.getpeercert(binary_form=True)  # type: ignore[attr-defined]
+        self._answer(200, f"{serial_of_der(der) if der else 'none'} {received}\n".encode())
 
     def _answer(self, status: int, body: bytes, location: str | None = None) -> None:
         """A whole answer of its own (a redirect, an error status), the connection kept alive as for the rest."""

@@ -566,7 +566,8 @@ UPLOAD = bytes(range(256)) * 256  # 64 KiB
 
 
 def upload(r: Run) -> Outcome:
-    """A POST with a body (the HTTP server answers 501; gRPC: a large request), the files rotated, another."""
+    """A POST with a body (the HTTP server reads it and answers its length; gRPC: a large request), the files
+    rotated, another."""
     client = r.client()
     before = attempt(client.post, UPLOAD)
     r.rotate()

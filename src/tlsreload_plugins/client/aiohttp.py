@@ -115,7 +115,7 @@ class ReloadingConnector(aiohttp.BaseConnector):
     async def connect(self, req: ClientRequest, traces: list[Trace], timeout: ClientTimeout) -> Connection:
         """A connection for ``req`` from the newest generation's connector (made now when the identity changed);
         what ``ClientSession`` calls for each request."""
-        own = await self._own_context()
+        own = self._own or await self._own_context()
         connector, to_close = self._pools.acquire(own.generation)
         self._close_on_loop(to_close)
         try:

@@ -59,14 +59,18 @@ class _Streams:
     """The responses in flight through each transport (their bodies not closed yet), and the transports cut: what a
     cut reaches. A cut shuts each response's socket down (from any thread: ``shutdown`` wakes a reader blocked on it,
     in a thread or on an event loop) and lets the reader fail as httpx fails on a connection closed under it; the
-    transport itself is closed once those responses are closed, never under a reader."""
+    transport itself is closed once those responses are closed, never under a reader. Without ``retire_after``
+    nothing is ever cut, and nothing is kept (``tracking`` off: a request costs no lock here)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracking: bool) -> None:
+        self.tracking = tracking
         self._lock = threading.Lock()
         self._open: dict[object, set[_Body]] = {}
         self._cut: set[object] = set()
 
     def add(self, transport: object, body: _Body) -> None:
+        if not self.tracking:
+            return
         with self._lock:
             cut = transport in self._cut
             if not cut:
@@ -75,6 +79,8 @@ class _Streams:
             body.cut()
 
     def discard(self, transport: object, body: _Body) -> None:
+        if not self.tracking:
+            return
         with self._lock:
             bodies = self._open.get(transport)
             if bodies is not None:
@@ -90,6 +96,8 @@ class _Streams:
             body.cut()
 
     def closed(self, transports: list[T]) -> None:
+        if not self.tracking:
+            return
         with self._lock:
             self._cut.difference_update(transports)
 
@@ -99,15 +107,14 @@ class _Body:
     once that it is done."""
 
     def __init__(self, response: httpx.Response, done: Callable[[], Any], reason: str) -> None:
-        stream = response.extensions.get("network_stream")
-        self._socket: Any = stream.get_extra_info("socket") if stream is not None else None
+        self._stream: Any = response.extensions.get("network_stream")  # its socket is asked for at a cut only
         self._done: Callable[[], Any] | None = done
         self._reason = reason
         self.was_cut = False
 
     def cut(self) -> None:
         self.was_cut = True
-        sock = self._socket
+        sock = self._stream.get_extra_info("socket") if self._stream is not None else None
         # A socket already closed says so (EBADF): nothing left to cut.
         with contextlib.suppress(OSError):
             if isinstance(sock, socket.socket):
@@ -208,7 +215,7 @@ class ReloadingTransport(httpx.BaseTransport):
         self._own = identity.own_context()
         self._options = options
         self._reason = _cut_reason(retire_after)
-        self._streams = _Streams()
+        self._streams = _Streams(tracking=retire_after is not None)
         self._pools: Pools[httpx.HTTPTransport] = Pools(self._make, retire_after)
         self._pools.follow(identity, self._close_all, self._streams.cut)
 
@@ -269,7 +276,7 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
         self._own: OwnContext | None = None  # built on a worker thread at the first request: never on the loop
         self._options = options
         self._reason = _cut_reason(retire_after)
-        self._streams = _Streams()
+        self._streams = _Streams(tracking=retire_after is not None)
         self._pools: Pools[httpx.AsyncHTTPTransport] = Pools(self._make, retire_after)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -322,7 +329,7 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
         if self._loop is None:
             with contextlib.suppress(RuntimeError):  # trio: replaced transports are closed at requests
                 self._loop = asyncio.get_running_loop()
-        own = await self._own_context()
+        own = self._own or await self._own_context()
         pending = self._take_pending()
         transport, to_close = self._pools.acquire(own.generation)
         await self._aclose_all([*pending, *to_close])

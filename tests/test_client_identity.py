@@ -21,7 +21,7 @@ from hostile import leaf_for_key, load_key_on_disk
 from tlsreload_plugins import InvalidIdentity, Outcome
 from tlsreload_plugins.client import ClientIdentity
 from tlsreload_plugins.client.pools import Closed, Pools
-from tlstest import HOST, Pair, issue, serial_of
+from tlstest import HOST, Pair, issue, serial_of, wait_until
 
 
 def write(directory: Path, pair: Pair) -> tuple[Path, Path]:
@@ -137,6 +137,37 @@ def test_each_client_has_a_context_of_its_own_kept_as_fresh(
     gc.collect()
     assert gone() is None  # the identity holds its clients' contexts weakly: a client nobody holds is collected
     assert identity.check() is Outcome.UNCHANGED
+
+
+def test_a_client_that_sees_the_new_generation_finds_its_own_context_of_it(tmp_path: Path, ca: trustme.CA) -> None:
+    """The identity's generation and every client's own context change together: a thread that sees the identity's
+    new generation (as a client choosing its pool does) never finds its own context still on the old one (the copies
+    are built before the change is made, not after: a request between the two presented the old certificate)."""
+    cert, key = write(tmp_path, issue(ca))
+    identity = ClientIdentity(str(cert), str(key), watch=False)
+    owns = [identity.own_context() for _ in range(3)]
+    seen: list[tuple[int, list[int]]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        last = identity.generation
+        while not stop.is_set():
+            now = identity.generation
+            if now != last:
+                seen.append((now, [own.generation for own in owns]))
+                last = now
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for generation in range(1, 6):
+            write(tmp_path, issue(ca))
+            assert identity.check(settle=False) is Outcome.RELOADED
+            wait_until(lambda g=generation: seen and seen[-1][0] == g, 10, what=f"generation {generation} seen")
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert all(all(own >= generation for own in owns_seen) for generation, owns_seen in seen), seen
 
 
 def place_no_client_auth(ca: trustme.CA, cert: Path, key: Path) -> None:

@@ -124,9 +124,10 @@ class OwnContext:
     client holds. Client libraries set things on the context they are given (httpcore sets its ALPN list at every
     connection, urllib3 its own): through a context of its own, nothing one client sets reaches another.
 
-    :attr:`presented` is replaced whole by the identity's checking thread at every change, before subscribers are
-    told of it; its generation is the identity's (a copy made as a check changes the identity catches up at the next
-    check).
+    :attr:`presented` is replaced whole by the identity's checking thread at every change, just before the
+    identity's own (a client that sees the identity's new generation finds its own context of it) and before
+    subscribers are told; its generation is the identity's (one made during a check catches up before the check
+    ends).
     """
 
     __slots__ = ("__weakref__", "presented")
@@ -277,8 +278,27 @@ class ClientIdentity:
 
     def _copy(self, presented: Presented) -> Presented:
         """``presented`` with a context of its own, built from its bytes (blocking: memory files and a build)."""
-        context = context_from(presented.snapshot, lambda files: self._recipe(files, self.password))
-        return Presented(presented.generation, context, presented.leaf, presented.snapshot)
+        return Presented(presented.generation, self._built(presented.snapshot), presented.leaf, presented.snapshot)
+
+    def _built(self, snapshot: Snapshot) -> ssl.SSLContext:
+        """A new context from ``snapshot``'s validated bytes (blocking: memory files and a build)."""
+        return context_from(snapshot, lambda files: self._recipe(files, self.password))
+
+    def _own_copies(self, examined: Examined) -> list[tuple[OwnContext, ssl.SSLContext]]:
+        """Each client's own context of the new content ``examined`` holds, built before it is presented, so that
+        the identity's context and every client's change together (blocking; none when nothing new is
+        presentable). One that cannot be built is caught up with after the change (:meth:`_refresh_owners`)."""
+        if not _presentable(examined) or examined.snapshot is None:
+            return []
+        with self._lock:
+            owners = list(self._owners)
+        copies = []
+        for own in owners:
+            try:
+                copies.append((own, self._built(examined.snapshot)))
+            except Exception as e:
+                log.warning("client certificate: a client's own context could not be built (%s); trying again", e)
+        return copies
 
     def _refresh_owners(self, behind: list[OwnContext], presented: Presented) -> None:
         """Give each of ``behind`` a context of ``presented``'s generation (outside the state lock: it builds). One
@@ -339,11 +359,12 @@ class ClientIdentity:
         with self._check_lock:
             now = self._clock()
             examined = offload(lambda: self.examine(now)) if offload is not None else self.examine(now)
+            copies = offload(lambda: self._own_copies(examined)) if offload is not None else self._own_copies(examined)
             with self._lock:
-                outcome = self._conclude(examined, now, settle)
+                outcome = self._conclude(examined, now, settle, copies)
                 presented = self._presented
                 behind = [own for own in self._owners if own.presented.generation < presented.generation]
-            if behind:  # each client's own context of the new generation, before anyone is told of it
+            if behind:  # a client made during this check, or whose copy failed: caught up before anyone is told
                 if offload is not None:
                     offload(lambda: self._refresh_owners(behind, presented))
                 else:
@@ -376,8 +397,12 @@ class ClientIdentity:
             return Examined(fingerprint=None, error=error)
         return refuse_wrong_purpose(examined, self.files, self.password)
 
-    def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
-        """The deciding half of :meth:`check` (state lock held, no I/O): present the new context, or report."""
+    def _conclude(
+        self, examined: Examined, now: float, settle: bool, copies: list[tuple[OwnContext, ssl.SSLContext]]
+    ) -> Outcome:
+        """The deciding half of :meth:`check` (state lock held, no I/O): present the new context (each client's own
+        ``copies`` first, so that one who sees the identity's new generation finds its own context of it), or
+        report."""
         self._record.checks += 1
         if examined.error is not None:
             if examined.fingerprint is not None:
@@ -388,16 +413,14 @@ class ClientIdentity:
         if examined.unchanged:
             self._succeeded(now)
             return Outcome.UNCHANGED
-        if (
-            examined.changed_while_building
-            or examined.context is None
-            or examined.leaf is None
-            or examined.snapshot is None
-        ):
+        if not _presentable(examined) or examined.context is None or examined.leaf is None or examined.snapshot is None:
             log.debug("client certificate files changed while being loaded; checking again")
             return Outcome.PENDING
         old = self._presented
-        self._presented = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot)
+        new = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot)
+        for own, context in copies:
+            own.presented = Presented(new.generation, context, new.leaf, new.snapshot)
+        self._presented = new
         self._fingerprint = examined.fingerprint or ""
         self._known_bad = None
         log.info(
@@ -457,6 +480,19 @@ class ClientIdentity:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _presentable(examined: Examined) -> bool:
+    """Whether ``examined`` is new, valid content a check presents (what makes :meth:`ClientIdentity.check`
+    return ``RELOADED``)."""
+    return (
+        examined.error is None
+        and not examined.unchanged
+        and not examined.changed_while_building
+        and examined.context is not None
+        and examined.leaf is not None
+        and examined.snapshot is not None
+    )
 
 
 def refuse_wrong_purpose(examined: Examined, files: TLSFiles, password: Password) -> Examined:

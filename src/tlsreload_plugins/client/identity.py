@@ -284,34 +284,23 @@ class ClientIdentity:
         """A new context from ``snapshot``'s validated bytes (blocking: memory files and a build)."""
         return context_from(snapshot, lambda files: self._recipe(files, self.password))
 
-    def _own_copies(self, examined: Examined) -> list[tuple[OwnContext, ssl.SSLContext]]:
-        """Each client's own context of the new content ``examined`` holds, built before it is presented, so that
-        the identity's context and every client's change together (blocking; none when nothing new is
-        presentable). One that cannot be built is caught up with after the change (:meth:`_refresh_owners`)."""
-        if not _presentable(examined) or examined.snapshot is None:
-            return []
-        with self._lock:
-            owners = list(self._owners)
-        copies = []
+    def _contexts_for(self, owners: list[OwnContext], snapshot: Snapshot) -> list[tuple[OwnContext, ssl.SSLContext]]:
+        """A context of its own from ``snapshot`` for each of ``owners`` (blocking: outside the state lock). One that
+        cannot be built is left out, said, and tried again (the client keeps its last context meanwhile)."""
+        built = []
         for own in owners:
             try:
-                copies.append((own, self._built(examined.snapshot)))
+                built.append((own, self._built(snapshot)))
             except Exception as e:
                 log.warning("client certificate: a client's own context could not be built (%s); trying again", e)
-        return copies
+        return built
 
     def _refresh_owners(self, behind: list[OwnContext], presented: Presented) -> None:
-        """Give each of ``behind`` a context of ``presented``'s generation (outside the state lock: it builds). One
-        that cannot be built keeps its last context and is tried again at the next check."""
-        for own in behind:
-            try:
-                copy = self._copy(presented)
-            except Exception as e:
-                log.warning("client certificate: a client's own context could not be built (%s); trying again", e)
-                continue
+        """Give each of ``behind`` a context of ``presented``'s generation."""
+        for own, context in self._contexts_for(behind, presented.snapshot):
             with self._lock:
-                if own.presented.generation < copy.generation:
-                    own.presented = copy
+                if own.presented.generation < presented.generation:
+                    own.presented = Presented(presented.generation, context, presented.leaf, presented.snapshot)
 
     def subscribe(self, callback: Callable[[Presented], object], *, every_check: bool = False) -> Callable[[], None]:
         """Call ``callback(presented)`` after every change (with ``every_check``: after every check, changed or
@@ -359,7 +348,17 @@ class ClientIdentity:
         with self._check_lock:
             now = self._clock()
             examined = offload(lambda: self.examine(now)) if offload is not None else self.examine(now)
-            copies = offload(lambda: self._own_copies(examined)) if offload is not None else self._own_copies(examined)
+            copies: list[tuple[OwnContext, ssl.SSLContext]] = []
+            if _presentable(examined) and examined.snapshot is not None:
+                # each client's own context of the new content, built before it is presented: they change together
+                with self._lock:
+                    owners = list(self._owners)
+                snapshot = examined.snapshot
+
+                def build() -> list[tuple[OwnContext, ssl.SSLContext]]:
+                    return self._contexts_for(owners, snapshot)
+
+                copies = offload(build) if offload is not None else build()
             with self._lock:
                 outcome = self._conclude(examined, now, settle, copies)
                 presented = self._presented

@@ -16,9 +16,10 @@ for a closed channel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 try:
@@ -461,8 +462,11 @@ class _Streaming(_Routed):
 
 
 class _Channels:
-    """What both channels share: the pools of channels, one per generation, and the identity's subscriptions
-    (weak: a channel nobody holds is collected)."""
+    """What both channels share: the pools of channels, one per generation, the identity's subscriptions (weak: a
+    channel nobody holds is collected), and the multicallables a stub is made of. ``_unary``: what a call with a
+    single response is (sync gRPC's blocking, ``with_call`` and ``future``; a ``grpc.aio`` call object)."""
+
+    _unary: type[_Routed] = _Streaming
 
     def __init__(self, identity: ClientIdentity, retire_after: float | None) -> None:
         _refuse_password(identity)
@@ -504,6 +508,57 @@ class _Channels:
         """What a blocking call whose channel was cut under it raises instead of ``error`` (``None``: ``error``)."""
         return None
 
+    def unary_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
+        """A unary-unary multicallable (``grpc.UnaryUnaryMultiCallable``, or ``grpc.aio``'s) whose calls go through
+        the newest channel.
+
+        Args:
+            method: the RPC's name, ``/package.Service/Method``.
+            request_serializer: turns a request into bytes (``None``: requests are bytes).
+            response_deserializer: turns bytes into a response (``None``: responses are bytes).
+            _registered_method: gRPC's own (generated stubs pass it): handed on to every channel.
+        """
+        return self._unary(self, "unary_unary", method, request_serializer, response_deserializer, _registered_method)
+
+    def unary_stream(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
+        """A unary-stream multicallable whose calls go through the newest channel (released when the stream
+        ends). Arguments as :meth:`unary_unary`."""
+        return _Streaming(self, "unary_stream", method, request_serializer, response_deserializer, _registered_method)
+
+    def stream_unary(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
+        """A stream-unary multicallable whose calls go through the newest channel. Arguments as
+        :meth:`unary_unary`."""
+        return self._unary(self, "stream_unary", method, request_serializer, response_deserializer, _registered_method)
+
+    def stream_stream(
+        self,
+        method: str,
+        request_serializer: Any = None,
+        response_deserializer: Any = None,
+        _registered_method: bool | None = False,
+    ) -> Any:
+        """A stream-stream multicallable whose calls go through the newest channel (released when the stream
+        ends). Arguments as :meth:`unary_unary`."""
+        return _Streaming(self, "stream_stream", method, request_serializer, response_deserializer, _registered_method)
+
     def route(self) -> tuple[Any, bool]:
         """The channel a call starts on, and whether it is counted in flight (to :meth:`release` when done): the
         newest, or after close gRPC's own closed channel (not counted)."""
@@ -511,6 +566,16 @@ class _Channels:
             return self.acquire(), True
         except Closed:
             return self._tomb, False
+
+    @contextlib.contextmanager
+    def routed(self) -> Iterator[Any]:
+        """The channel :meth:`route` gives, released at the end of the block when it was counted."""
+        channel, counted = self.route()
+        try:
+            yield channel
+        finally:
+            if counted:
+                self.release(channel)
 
     def acquire(self) -> Any:
         channel, to_close = self._pools.acquire(self.identity.generation)
@@ -560,6 +625,8 @@ class ReloadingChannel(_Channels, grpc.Channel):  # type: ignore[misc]
             stub.Who(request)
     """
 
+    _unary = _Unary
+
     def __init__(
         self,
         identity: ClientIdentity,
@@ -603,56 +670,6 @@ class ReloadingChannel(_Channels, grpc.Channel):  # type: ignore[misc]
         to_close = self._pools.release(channel)
         if to_close:
             threading.Thread(target=self._close_now, args=(to_close,), name="tlsreload-grpc-close").start()
-
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.UnaryUnaryMultiCallable`` whose calls go through the newest channel.
-
-        Args:
-            method: the RPC's name, ``/package.Service/Method``.
-            request_serializer: turns a request into bytes (``None``: requests are bytes).
-            response_deserializer: turns bytes into a response (``None``: responses are bytes).
-            _registered_method: gRPC's own (generated stubs pass it): handed on to every channel.
-        """
-        return _Unary(self, "unary_unary", method, request_serializer, response_deserializer, _registered_method)
-
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.UnaryStreamMultiCallable`` whose calls go through the newest channel (released when the
-        stream ends). Arguments as :meth:`unary_unary`."""
-        return _Streaming(self, "unary_stream", method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.StreamUnaryMultiCallable`` whose calls go through the newest channel. Arguments as
-        :meth:`unary_unary`."""
-        return _Unary(self, "stream_unary", method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.StreamStreamMultiCallable`` whose calls go through the newest channel (released when the
-        stream ends). Arguments as :meth:`unary_unary`."""
-        return _Streaming(self, "stream_stream", method, request_serializer, response_deserializer, _registered_method)
 
     def subscribe(self, callback: Callable[[Any], object], try_to_connect: bool = False) -> None:
         """Watch the connectivity of the channel that is newest now (a channel made after a change is not
@@ -787,65 +804,10 @@ class AsyncReloadingChannel(_Channels, grpc.aio.Channel):  # type: ignore[misc]
         call.add_done_callback(lambda _: self._landed(channel, call))
         return _AIO_CALLS[kind](call, cut)
 
-    def unary_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.aio.UnaryUnaryMultiCallable`` whose calls go through the newest channel.
-
-        Args:
-            method: the RPC's name, ``/package.Service/Method``.
-            request_serializer: turns a request into bytes (``None``: requests are bytes).
-            response_deserializer: turns bytes into a response (``None``: responses are bytes).
-            _registered_method: gRPC's own (generated stubs pass it): handed on to every channel.
-        """
-        return _Streaming(self, "unary_unary", method, request_serializer, response_deserializer, _registered_method)
-
-    def unary_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.aio.UnaryStreamMultiCallable`` whose calls go through the newest channel. Arguments as
-        :meth:`unary_unary`."""
-        return _Streaming(self, "unary_stream", method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_unary(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.aio.StreamUnaryMultiCallable`` whose calls go through the newest channel. Arguments as
-        :meth:`unary_unary`."""
-        return _Streaming(self, "stream_unary", method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_stream(
-        self,
-        method: str,
-        request_serializer: Any = None,
-        response_deserializer: Any = None,
-        _registered_method: bool | None = False,
-    ) -> Any:
-        """A ``grpc.aio.StreamStreamMultiCallable`` whose calls go through the newest channel. Arguments as
-        :meth:`unary_unary`."""
-        return _Streaming(self, "stream_stream", method, request_serializer, response_deserializer, _registered_method)
-
     def get_state(self, try_to_connect: bool = False) -> Any:
         """The connectivity of the newest channel (after :meth:`close`, gRPC's ``SHUTDOWN``)."""
-        channel, counted = self.route()
-        if not counted:
+        with self.routed() as channel:
             return channel.get_state(try_to_connect)
-        try:
-            return channel.get_state(try_to_connect)
-        finally:
-            self.release(channel)
 
     async def wait_for_state_change(self, last_observed_state: Any) -> None:
         """Wait for the newest channel's connectivity to leave ``last_observed_state``.
@@ -853,14 +815,8 @@ class AsyncReloadingChannel(_Channels, grpc.aio.Channel):  # type: ignore[misc]
         Raises:
             grpc.aio.UsageError: after :meth:`close`, as gRPC's own closed channel raises.
         """
-        channel, counted = self.route()
-        if not counted:
+        with self.routed() as channel:
             await channel.wait_for_state_change(last_observed_state)
-            return
-        try:
-            await channel.wait_for_state_change(last_observed_state)
-        finally:
-            self.release(channel)
 
     async def channel_ready(self) -> None:
         """Wait until the newest channel is ready.
@@ -868,14 +824,8 @@ class AsyncReloadingChannel(_Channels, grpc.aio.Channel):  # type: ignore[misc]
         Raises:
             grpc.aio.UsageError: after :meth:`close`, as gRPC's own closed channel raises.
         """
-        channel, counted = self.route()
-        if not counted:
+        with self.routed() as channel:
             await channel.channel_ready()
-            return
-        try:
-            await channel.channel_ready()
-        finally:
-            self.release(channel)
 
     async def close(self, grace: float | None = None) -> None:
         """Close every channel (calls in flight get ``grace`` seconds) and stop following the identity. Calls

@@ -129,6 +129,19 @@ class Opened:
     finish: Callable[[], Outcome]
 
 
+def opened(status: int, chunks: Iterator[bytes], close: Callable[[], object]) -> Opened:
+    """A sync library's response open: its first bytes read now, the rest by ``finish``, which closes it."""
+    first = next(chunks)
+
+    def finish() -> Outcome:
+        try:
+            return ("ok", shape(first + b"".join(chunks)))
+        finally:
+            close()
+
+    return Opened(("open", status, bool(first)), finish)
+
+
 class Run:
     """One side's run of one scenario: the identity (its files rotate), the clients made, the gates that hold
     answers back, and for the async kinds the portal."""
@@ -226,16 +239,7 @@ class HttpxClient:
     def stream(self, gate: Path) -> Opened:
         request = self.client.build_request("GET", self.r.url(f"/?until={gate}"), timeout=TIMEOUT)
         response = self.client.send(request, stream=True)
-        chunks = response.iter_bytes()
-        first = next(chunks)
-
-        def finish() -> Outcome:
-            try:
-                return ("ok", shape(first + b"".join(chunks)))
-            finally:
-                response.close()
-
-        return Opened(("open", response.status_code, bool(first)), finish)
+        return opened(response.status_code, response.iter_bytes(), response.close)
 
     def close(self) -> None:
         self.client.close()
@@ -334,16 +338,7 @@ class RequestsClient:
 
     def stream(self, gate: Path) -> Opened:
         response = self.session.get(self.r.url(f"/?until={gate}"), stream=True, timeout=TIMEOUT)
-        chunks = response.iter_content(1)
-        first = next(chunks)
-
-        def finish() -> Outcome:
-            try:
-                return ("ok", shape(first + b"".join(chunks)))
-            finally:
-                response.close()
-
-        return Opened(("open", response.status_code, bool(first)), finish)
+        return opened(response.status_code, response.iter_content(1), response.close)
 
     def close(self) -> None:
         self.session.close()

@@ -1,7 +1,8 @@
 """An mTLS server of tests/mtls_servers.py and a client's files, for the tests that drive client libraries in
-process (test_client_aiohttp.py, test_client_httpx.py, test_client_parity.py): :func:`local_world` starts the server,
-:class:`Here` writes the client's files as kubelet does and makes identities checked by the test, :func:`rotate`
-installs a new pair and checks it in.
+process (test_client_aiohttp.py, test_client_httpx.py, test_client_requests.py, test_client_parity.py):
+:func:`local_world` starts the server, :class:`Here` writes the client's files as kubelet does and makes identities
+checked by the test, :func:`rotate` installs a new pair and checks it in, :func:`clear_client_environment` keeps the
+machine's proxies out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import trustme
 
 from tlsreload_plugins.client import ClientIdentity
@@ -103,3 +105,24 @@ def unclosed(run: Callable[[], object]) -> list[str]:
         run()
         gc.collect()
     return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+CLIENT_ENVIRONMENT = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "GRPC_PROXY",
+    "NO_GRPC_PROXY",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+)
+"""What clients read from the environment about proxies and trust (upper and lower case, as urllib reads both)."""
+
+
+def clear_client_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Nothing of the machine's proxy or CA bundle settings reaches the test: it sets what it means."""
+    for name in CLIENT_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    return monkeypatch

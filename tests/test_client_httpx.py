@@ -18,7 +18,7 @@ import aiohttp
 import httpx
 import pytest
 
-from client_local import Here, local_world, rotate
+from client_local import Here, clear_client_environment, local_world, rotate
 from connect_proxy import ConnectProxy
 from tlsreload_plugins.client import ClientIdentity, client_context
 from tlsreload_plugins.client.aiohttp import ReloadingConnector
@@ -211,16 +211,9 @@ def _answers(url: str, context: ssl.SSLContext) -> bool:
         return False
 
 
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
-
-
 @pytest.fixture
 def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No proxy from the machine's environment reaches the test (upper and lower case, as urllib reads both)."""
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-    return monkeypatch
+    return clear_client_environment(monkeypatch)
 
 
 def stock_context(here: Here) -> ssl.SSLContext:

@@ -35,7 +35,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from client_kinds import serve
-from client_local import Here, local_world
+from client_local import Here, clear_client_environment, local_world
 from connect_proxy import ConnectProxy
 from tlsreload_plugins.client.aiohttp import ReloadingConnector
 from tlsreload_plugins.client.grpc import AsyncReloadingChannel, ReloadingChannel
@@ -59,16 +59,6 @@ ENVIRONMENT = "environment"
 """``proxy=ENVIRONMENT``: the proxy the environment names (the client made as the library reads it)."""
 TIMEOUT = 10.0
 """Every request's timeout but the one a scenario means to hit (requests has none by default)."""
-ENVIRONMENT_VARIABLES = (
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "ALL_PROXY",
-    "NO_PROXY",
-    "GRPC_PROXY",
-    "NO_GRPC_PROXY",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-)
 _SERIAL = re.compile(r"\b[0-9A-F]{6,}\b")
 
 
@@ -676,10 +666,7 @@ PAIRS = [pytest.param(kind, name, id=f"{kind}-{name}") for name, (_, kinds) in S
 
 @pytest.fixture(autouse=True)
 def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing of the machine's proxy or CA bundle settings: a scenario sets what it means."""
-    for name in ENVIRONMENT_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
+    clear_client_environment(monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,11 @@ import pytest
 import requests
 import trustme
 
-from client_local import Here, local_world
+from client_local import Here, clear_client_environment, local_world
 from connect_proxy import ConnectProxy
 from tlsreload_plugins.client import ClientIdentity
 from tlsreload_plugins.client.requests import ReloadingAdapter
 from tlstest import issue, wait_until
-
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
 def stock_session(here: Here) -> requests.Session:
@@ -43,10 +41,7 @@ def reloading_session(identity: ClientIdentity) -> requests.Session:
 
 @pytest.fixture(autouse=True)
 def no_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing of the machine's proxy or CA bundle settings: each test sets what it means."""
-    for name in PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
+    clear_client_environment(monkeypatch)
 
 
 @pytest.fixture

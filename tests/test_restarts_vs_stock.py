@@ -12,15 +12,22 @@ the way in, each server gets one SIGHUP; ``--max-requests 40 --max-requests-jitt
   for stock: every answer must carry the plugin's last good certificate, and its failures stay level with stock's.
 
 A failed request is any exception, a connection closed without a response included. The assertion is
-:func:`assert_not_clearly_more`; ``pytest -s`` prints one line per model and window. Not here: tornado, whose
-restarts test_restarts.py covers.
+:func:`assert_not_clearly_more`; ``pytest -s`` prints one line per model and window, each side's requests served
+and failed beside the other's. Not here: tornado, whose restarts test_restarts.py covers.
 
 hypercorn (``--workers 2``, asyncio) has a longer window, and stops itself now and then, stock as well as the
 plugin: a worker that recycles closes its connections, and a client's data arriving after the worker's
 ``close_notify`` raises ``ssl.SSLError: APPLICATION_DATA_AFTER_CLOSE_NOTIFY`` out of hypercorn's own shutdown
 (``hypercorn/asyncio/run.py``, ``worker_serve``); the worker exits 1, and hypercorn's parent stops the whole server
-(with status 0: ``hypercorn/run.py`` returns the status of the workers it terminated). Such windows are run
-again, and the test skips when every attempt met it; the plugin stopping any other way fails.
+(with status 0: ``hypercorn/run.py`` returns the status of the workers it terminated). A window that meets it
+is compared all the same, over the span in which both servers ran: it ends as soon as a server is seen stopped,
+and each side counts the requests it *started* before the first stop (:func:`stopped_at` says when a server
+stopped), so that the dead server's refused connections count for neither side, and both sides are compared over
+the same time, load and steps (the SIGHUP, the torn certificate: a side cut short before a step did not meet it).
+``-s`` marks such a window "cut short". A server that stopped itself is started again (on the same files) before
+the broken-files window, so that each attempt compares both windows; attempts are run again, at most
+``HYPERCORN_ATTEMPTS`` in all, until each window has run in full once, and every window run is compared. The
+plugin stopping any other way fails.
 
 Both sides start from compiled modules, as an installed package does (:func:`compiled`).
 """
@@ -37,6 +44,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import trustme
@@ -75,8 +83,8 @@ HYPERCORN_WINDOW = 6.0
 """hypercorn's window: a recycled worker is replaced once it has exited, by a new interpreter (about 0.4 s to its
 first accept here, twice that under load), so that each worker recycles a few times, as in the others' window."""
 HYPERCORN_ATTEMPTS = 3
-"""Windows in which stock hypercorn's own stop (see the module docstring) met either server are run again, at most
-this many times in all."""
+"""Attempts (both windows, new servers) at running each window in full, beside the windows that hypercorn's own
+stop (see the module docstring) cut short; every window run is compared."""
 HYPERCORN_STOPS_ITSELF = "APPLICATION_DATA_AFTER_CLOSE_NOTIFY"
 """What a hypercorn worker's traceback says when hypercorn's shutdown stops it (and with it the server)."""
 MODELS = [
@@ -120,10 +128,11 @@ def allowed_failures(model: str, plugin: Requests, stock: Requests) -> int:
 
 
 def assert_not_clearly_more(what: str, model: str, plugin: Requests, stock: Requests) -> None:
-    """Print ``what: plugin failed X of N, stock failed Y of M`` and assert :func:`allowed_failures`."""
+    """Print ``what: plugin served S failed F, stock served S failed F (failures by kind)`` and assert
+    :func:`allowed_failures`."""
     line = (
-        f"{what}: plugin failed {len(plugin.failures)} of {plugin.attempts}, "
-        f"stock failed {len(stock.failures)} of {stock.attempts} (plugin: {kinds(plugin)}; stock: {kinds(stock)})"
+        f"{what}: plugin served {plugin.successes} failed {len(plugin.failures)}, "
+        f"stock served {stock.successes} failed {len(stock.failures)} (plugin: {kinds(plugin)}; stock: {kinds(stock)})"
     )
     print(line)
     allowed = allowed_failures(model, plugin, stock)
@@ -138,12 +147,25 @@ def kinds(side: Requests) -> str:
     return ", ".join(f"{name} {count}" for name, count in counted.most_common()) or "none"
 
 
+class Request(NamedTuple):
+    """One request of :class:`Requests`: when it started (``time.monotonic()``) and how it ended."""
+
+    start: float
+    failure: str | None
+    """``repr`` of the exception, ``None`` when served."""
+    refused: bool
+    """The connection was refused: nothing listened on the port."""
+    serial: str = ""
+    pid: int = 0
+
+
 @dataclass
 class Requests(Hammer):
     """:class:`tlstest.Hammer`'s client threads, each connection a full handshake and a ``GET /`` whose answer
-    names the serving pid."""
+    names the serving pid; each request is also kept with its start time (``log``), for :meth:`before`."""
 
     pids: set[int] = field(default_factory=set)
+    log: list[Request] = field(default_factory=list)
 
     @property
     def attempts(self) -> int:
@@ -151,16 +173,36 @@ class Requests(Hammer):
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            start = time.monotonic()
             try:
                 serial, pid = fetch(self.port, self.ctx, timeout=REQUEST_TIMEOUT)
             except Exception as e:  # any failure counts, a connection closed without a response included
                 with self._lock:
                     self.failures.append(repr(e))
+                    self.log.append(Request(start, repr(e), isinstance(e, ConnectionRefusedError)))
             else:
                 with self._lock:
                     self.successes += 1
                     self.serials.add(serial)
                     self.pids.add(pid)
+                    self.log.append(Request(start, None, False, serial, pid))
+
+    def before(self, moment: float) -> Requests:
+        """The requests that started before ``moment``, counted alike (the threads are not started)."""
+        kept = Requests(self.port, self.ctx, threads=self.threads)
+        with self._lock:
+            log = sorted(self.log, key=lambda request: request.start)
+        for request in log:
+            if request.start >= moment:
+                continue
+            kept.log.append(request)
+            if request.failure is None:
+                kept.successes += 1
+                kept.serials.add(request.serial)
+                kept.pids.add(request.pid)
+            else:
+                kept.failures.append(request.failure)
+        return kept
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -198,59 +240,104 @@ def started(model: str, plugin: bool, layout: KubeletLayout, root: Path) -> Abst
     """Start (without waiting) the server of ``model`` on ``layout``'s files, its log and working directory
     ``root``."""
     args = command(model, plugin, free_port(), layout)
+    root.mkdir(parents=True, exist_ok=True)
     if model == TLSRELOAD_UVICORN:
         return start_uvicorn(args, root, int(args[args.index("--port") + 1]))
     if model == TLSRELOAD_HYPERCORN:
-        root.mkdir(parents=True, exist_ok=True)
         return start_hypercorn(args, root, int(args[args.index("--bind") + 1].rsplit(":", 1)[1]))
     return start(args, root)
 
 
-class StoppedItself(Exception):
-    """hypercorn stopped the whole server after its own shutdown failed in a recycling worker (see the module
-    docstring): stock's behaviour, in either server."""
+def stopped_itself(side: str, server: Server) -> str:
+    """How ``server``, which has exited, stopped: hypercorn's own stop (see the module docstring), stock's
+    behaviour, in either server; any other exit raises an ``AssertionError`` with the server's output."""
+    output = server.output()
+    if HYPERCORN_STOPS_ITSELF not in output:
+        raise AssertionError(output)
+    return f"{side} stopped itself (exit {server.proc.returncode})"
 
 
-def at(moment: float, seconds: float) -> None:
-    """Return at ``moment`` (``time.monotonic()``): the measured window's own clock, not a wait for a state."""
-    wait_until(lambda: time.monotonic() >= moment, seconds + 1, interval=0.01, what="the window's next step")
+def at(moment: float, seconds: float, stop: Callable[[], bool]) -> bool:
+    """Return ``True`` at ``moment`` (``time.monotonic()``): the measured window's own clock, not a wait for a
+    state; or ``False`` as soon as ``stop()`` says a server has stopped, before or at ``moment``."""
+    wait_until(lambda: stop() or time.monotonic() >= moment, seconds + 1, interval=0.01, what="the window's next step")
+    return not stop()
 
 
-def running(servers: list[Server]) -> None:
-    """Raise unless every one of ``servers`` still runs: :class:`StoppedItself` where hypercorn stopped itself,
-    else an ``AssertionError`` with the server's output."""
-    for server in servers:
-        if server.proc.poll() is not None:
-            output = server.output()
-            if HYPERCORN_STOPS_ITSELF in output:
-                raise StoppedItself(f"{' '.join(map(str, server.proc.args[1:3]))} exited {server.proc.returncode}")
-            raise AssertionError(output)
+def stopped_at(requests: Requests, seen: float) -> float:
+    """When the server that ``requests`` went to stopped: the start of the first request it refused (nothing
+    listened on its port any more: the parent holds the listening sockets until it stops, so that a running server
+    never refuses), else ``seen``, when the window first saw its process gone (no request started after the
+    sockets closed)."""
+    return min([seen, *(request.start for request in requests.log if request.refused)])
+
+
+@dataclass
+class Window:
+    """One window as compared: each side's requests, and the servers that stopped themselves within it."""
+
+    plugin: Requests
+    stock: Requests
+    seconds: float
+    """The span compared: the whole window, or from its start to the first server's stop."""
+    stops: list[str]
+    """Each server that stopped itself within the window, how and when; none when the window ran in full."""
+    new_plugin_worker: bool
+    """A worker that started within the window served the plugin's clients (before or after a stop)."""
+
+    def label(self) -> str:
+        """``""`` for a full window, else how it was cut short."""
+        return f" [cut short at {self.seconds:.1f} s: {'; '.join(self.stops)}]" if self.stops else ""
 
 
 def window(
-    servers: list[Server], ctx: ssl.SSLContext, steps: list[tuple[float, Callable[[], None]]], seconds: float = WINDOW
-) -> list[Requests]:
-    """Client threads on every server for ``seconds``, and on until a worker started within the window has
-    served on every server (a spawned uvicorn worker can take longer than the window to start under load); each
-    step runs once its share of the window has passed. The servers share the window, so it lasts as long for all.
-    Raises as :func:`running` when a server stopped within it."""
+    plugin: Server,
+    stock: Server,
+    ctx: ssl.SSLContext,
+    steps: list[tuple[float, Callable[[], None]]],
+    seconds: float = WINDOW,
+) -> Window:
+    """Client threads on both servers for ``seconds``, and on until a worker started within the window has
+    served on both (a spawned uvicorn worker can take longer than the window to start under load); each step runs
+    once its share of the window has passed. The servers share the window, so it lasts as long for both.
+
+    A server that stops within it must have stopped itself (:func:`stopped_itself`); the window then ends, and
+    both sides keep the requests that started before the first server stopped (:func:`stopped_at`)."""
+    servers = {"plugin": plugin, "stock": stock}
+    seen: dict[str, float] = {}  # side: when the window first saw its server's process gone
+
+    def a_stop() -> bool:
+        now = time.monotonic()
+        for side, server in servers.items():
+            if side not in seen and server.proc.poll() is not None:
+                seen[side] = now
+        return bool(seen)
+
     begin = time.monotonic()
     with ExitStack() as threads:
-        traffic = [Requests(s.port, ctx, threads=CLIENTS) for s in servers]
-        for requests in traffic:
+        traffic = {side: Requests(server.port, ctx, threads=CLIENTS) for side, server in servers.items()}
+        for requests in traffic.values():
             threads.enter_context(requests)
         for share, step in steps:
-            at(begin + share * seconds, seconds)
+            if not at(begin + share * seconds, seconds, a_stop):
+                break
             step()
-        at(begin + seconds, seconds)
+        else:
+            if at(begin + seconds, seconds, a_stop):
+                # Two workers serve as the window opens: a third pid is a worker that started within it.
+                def new_workers_or_a_stop() -> bool:
+                    return all(len(t.pids) >= 3 for t in traffic.values()) or a_stop()
 
-        # Two workers serve as the window opens: a third pid is a worker that started within it.
-        def new_workers_or_a_stop() -> bool:
-            return all(len(t.pids) >= 3 for t in traffic) or any(s.proc.poll() is not None for s in servers)
-
-        wait_until(new_workers_or_a_stop, DEADLINE, what="a new worker on every server")
-    running(servers)
-    return traffic
+                wait_until(new_workers_or_a_stop, DEADLINE, what="a new worker on every server")
+        end = time.monotonic()
+    a_stop()  # a server that stopped as the window ended
+    stops = {side: stopped_at(traffic[side], moment) for side, moment in seen.items()}
+    described = [f"{stopped_itself(side, servers[side])} at {stops[side] - begin:.1f} s" for side in sorted(stops)]
+    cut = min(stops.values(), default=None)
+    compared = {side: t.before(cut) if cut is not None else t for side, t in traffic.items()}
+    span = (end if cut is None else cut) - begin
+    new_worker = len(traffic["plugin"].pids) >= 3
+    return Window(compared["plugin"], compared["stock"], span, described, new_worker)
 
 
 def hup(*servers: Server) -> Callable[[], None]:
@@ -265,60 +352,66 @@ def hup(*servers: Server) -> Callable[[], None]:
 
 @dataclass
 class SideBySide:
-    """What the clients saw in the two windows, and the plugin server's output."""
+    """The two windows, as compared, and the output of the plugin's server that ran the broken-files one."""
 
-    plugin_good: Requests
-    stock_good: Requests
-    plugin_broken: Requests
-    stock_beside: Requests
+    good: Window
+    broken: Window
     output: str
 
 
 def side_by_side(model: str, ca: trustme.CA, good: Pair, root: Path) -> SideBySide:
     """Stock and the plugin's server of ``model`` at once, in ``root``: the good-files window, then the
-    broken-files one (see the module docstring)."""
+    broken-files one (see the module docstring); a server that stopped itself in between is started again first."""
     ctx = client_context(ca)
     seconds = HYPERCORN_WINDOW if model == TLSRELOAD_HYPERCORN else WINDOW
     layouts = {side: KubeletLayout(root / side) for side in ("stock", "plugin")}
     for layout in layouts.values():
         layout.install(good)
     with ExitStack() as stack:
-        stock = stack.enter_context(started(model, False, layouts["stock"], root / "stock"))
-        plugin = stack.enter_context(started(model, True, layouts["plugin"], root / "plugin"))
-        for server in (stock, plugin):
-            wait_every_worker(server.port, ctx, good.serial)
+        servers: dict[str, Server] = {}
 
-        plugin_good, stock_good = window([plugin, stock], ctx, [(1 / 3, hup(plugin, stock))], seconds)
+        def start_all(sides: list[str], where: str) -> None:
+            for side in sides:
+                run = started(model, side == "plugin", layouts[side], root / f"{side}{where}")
+                servers[side] = stack.enter_context(run)
+            for side in sides:
+                wait_every_worker(servers[side].port, ctx, good.serial)
 
+        start_all(["stock", "plugin"], "")
+        steps = [(1 / 3, hup(*servers.values()))]
+        good_files = window(servers["plugin"], servers["stock"], ctx, steps, seconds)
+
+        gone = [side for side, server in servers.items() if server.proc.poll() is not None]
+        for side in gone:
+            stopped_itself(side, servers[side])
+        start_all(gone, "-again")
         other, layout = issue(ca), layouts["plugin"]
         layout.write_raw(other.chain, good.key)  # a mismatched pair: the new certificate, the old key
         torn = other.chain[: len(other.chain) // 2]  # a certificate cut off in the middle of its base64
-        plugin_broken, stock_beside = window(
-            [plugin, stock],
-            ctx,
-            [(1 / 3, hup(plugin, stock)), (2 / 3, lambda: layout.write_raw(torn, other.key))],
-            seconds,
-        )
-        return SideBySide(plugin_good, stock_good, plugin_broken, stock_beside, plugin.output())
+        steps = [(1 / 3, hup(*servers.values())), (2 / 3, lambda: layout.write_raw(torn, other.key))]
+        broken_files = window(servers["plugin"], servers["stock"], ctx, steps, seconds)
+        return SideBySide(good_files, broken_files, servers["plugin"].output())
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_restarts_fail_no_more_requests_than_stock(tmp_path: Path, ca: trustme.CA, model: str) -> None:
     good = issue(ca)
-    stops: list[str] = []
+    runs: list[SideBySide] = []
     for attempt in range(HYPERCORN_ATTEMPTS if model == TLSRELOAD_HYPERCORN else 1):
-        try:
-            seen = side_by_side(model, ca, good, tmp_path / f"attempt-{attempt}")
+        runs.append(side_by_side(model, ca, good, tmp_path / f"attempt-{attempt}"))
+        if any(not run.good.stops for run in runs) and any(not run.broken.stops for run in runs):
             break
-        except StoppedItself as e:
-            stops.append(str(e))
-    else:
-        pytest.skip(f"hypercorn stopped itself in every attempt, as stock hypercorn 0.18 does: {'; '.join(stops)}")
-    if stops:
-        print(f"{model}: hypercorn stopped itself, attempts run again: {'; '.join(stops)}")
 
-    for side in (seen.plugin_good, seen.stock_good, seen.plugin_broken, seen.stock_beside):
-        assert side.serials == {good.serial}, side.serials
-    assert_not_clearly_more(f"{model}, good files", model, seen.plugin_good, seen.stock_good)
-    assert_not_clearly_more(f"{model}, broken files (plugin)", model, seen.plugin_broken, seen.stock_beside)
-    assert LAST_GOOD in seen.output, seen.output  # workers did start on the broken files
+    for number, run in enumerate(runs, 1):
+        name = model if len(runs) == 1 else f"{model}, attempt {number}"
+        for measured in (run.good, run.broken):
+            for side in (measured.plugin, measured.stock):
+                # Every answer carried the good certificate; a window run in full served on both sides.
+                assert side.serials <= {good.serial}, side.serials
+                assert side.successes or measured.stops, side.failures[:5]
+        good_files, broken_files = run.good, run.broken
+        assert_not_clearly_more(f"{name}, good files{good_files.label()}", model, good_files.plugin, good_files.stock)
+        broken = f"{name}, broken files (plugin){broken_files.label()}"
+        assert_not_clearly_more(broken, model, broken_files.plugin, broken_files.stock)
+        if broken_files.new_plugin_worker:  # always, in a window run in full
+            assert LAST_GOOD in run.output, run.output  # workers did start on the broken files

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,15 +55,20 @@ def _field(number: int, data: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(data)) + data
 
 
-def encode_response(svids: Sequence[Svid], *, crl: bytes = b"") -> bytes:
+def encode_response(svids: Sequence[Svid], *, crl: bytes = b"", federated: Mapping[str, bytes] | None = None) -> bytes:
     """An X509SVIDResponse: field 1 repeated X509SVID {1 spiffe_id, 2 x509_svid, 3 x509_svid_key, 4 bundle}, and
-    a CRL (field 2) and a number field no reader knows, which readers skip."""
+    a CRL (field 2) and a number field no reader knows, which readers skip; ``federated`` (trust domain's SPIFFE ID
+    -> DER certificates, concatenated) as ``map<string, bytes> federated_bundles = 3``: one field 3 per entry, a
+    message {1 key, 2 value}, as protobuf encodes a map."""
     out = b""
     for svid in svids:
         inner = _field(1, svid.spiffe_id.encode()) + _field(2, svid.chain) + _field(3, svid.key)
         inner += _field(4, svid.bundle) + _varint(5 << 3 | 0) + _varint(1)  # field 5: a "hint" of newer protos
         out += _field(1, inner)
-    return out + (_field(2, crl) if crl else b"")
+    out += _field(2, crl) if crl else b""
+    for domain, der in (federated or {}).items():
+        out += _field(3, _field(1, domain.encode()) + _field(2, der))
+    return out
 
 
 def mint_svid(
@@ -72,10 +77,11 @@ def mint_svid(
     *dns: str,
     not_before: datetime.datetime | None = None,
     not_after: datetime.datetime | None = None,
+    trust_domain: str = TRUST_DOMAIN,
 ) -> Svid:
-    """An X.509 SVID for ``spiffe://example.org/<path>`` signed by the trustme CA ``ca`` (DNS names too, as SPIRE
-    entries may carry), with the trust domain's bundle (``ca``'s certificate); valid from five minutes ago for an
-    hour unless given."""
+    """An X.509 SVID for ``spiffe://example.org/<path>`` (or ``<trust_domain>/<path>``) signed by the trustme CA
+    ``ca`` (DNS names too, as SPIRE entries may carry), with the trust domain's bundle (``ca``'s certificate); valid
+    from five minutes ago for an hour unless given."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -84,7 +90,7 @@ def mint_svid(
     issuer_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), None)
     issuer = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
     key = ec.generate_private_key(ec.SECP256R1())
-    spiffe_id = f"{TRUST_DOMAIN}/{path}"
+    spiffe_id = f"{trust_domain}/{path}"
     now = datetime.datetime.now(datetime.timezone.utc)
     names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(spiffe_id)]
     names += [x509.DNSName(name) for name in dns]
@@ -127,8 +133,8 @@ class WorkloadAPI:
     def endpoint(self) -> str:
         return f"unix://{self.socket}"
 
-    def send(self, svids: Sequence[Svid]) -> None:
-        self.send_raw(encode_response(svids))
+    def send(self, svids: Sequence[Svid], *, federated: Mapping[str, bytes] | None = None) -> None:
+        self.send_raw(encode_response(svids, federated=federated))
 
     def send_raw(self, message: bytes) -> None:
         staged = self.state.with_suffix(".tmp")

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 
 from tlsreload_plugins import metrics as prometheus
+from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.files import password_file as password_in_file
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Status
 from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.resumption import authorized
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.settings import resolve_password
 from tlsreload_plugins.sni import identities as sni_identities
@@ -101,6 +103,7 @@ def fresh_context(
     interval: float | None = None,
     recipe: RecipeFor | None = None,
     metrics: bool | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> FreshContext:
     """An :class:`ssl.SSLContext` for ``certfile`` and ``keyfile`` that stays fresh: hand ``.context``
     to the server; new connections get the newest valid certificate on disk. Checks start at once, in
@@ -125,6 +128,11 @@ def fresh_context(
             ``load_cert_chain(certfile, keyfile, password)``, and with ``ca_certs``, ``load_verify_locations``
             and ``CERT_REQUIRED``.
         metrics: export Prometheus metrics (:mod:`tlsreload_plugins.metrics`; default ``$TLSRELOAD_METRICS``).
+        authorize: which clients may connect, by the SPIFFE ID of their certificate (default
+            ``$TLSRELOAD_SPIFFE_AUTHORIZE``, else any the context verifies): an
+            :class:`~tlsreload_plugins.authorization.Authorizer` (``authorize_member_of("example.org")``), a
+            matcher, or the syntax of :func:`~tlsreload_plugins.authorization.parse_authorizer`. A client refused
+            fails its handshake; client certificates are required.
 
     Returns:
         A :class:`FreshContext`: ``.context``, ``status()``, ``close()``; as a context manager it gives
@@ -160,7 +168,8 @@ def fresh_context(
     def default_recipe(files: TLSFiles) -> ssl.SSLContext:  # a client-CA bundle given to a server: mutual TLS
         return server_context(files, password, verify_mode=ssl.CERT_REQUIRED if files.ca_certs else None)
 
-    recipe_for = recipe or default_recipe
+    authorizer = resolve_authorizer(authorize)
+    recipe_for = authorized(recipe or default_recipe, authorizer)
     files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None)
     reloader = Reloader(
         files.certfile,
@@ -172,6 +181,8 @@ def fresh_context(
         interval=interval,
     )
     _equip(reloader, sni, recipe_for, export_metrics)
+    if export_metrics and authorizer is not None:
+        prometheus.observe_authorizer(authorizer, "server")
     fresh = FreshContext(reloader, ThreadDriver(reloader).start())
     _open[fresh] = os.getpid()
     return fresh

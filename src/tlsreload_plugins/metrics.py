@@ -27,9 +27,27 @@ SNI identities (:mod:`tlsreload_plugins.sni.identities`) have these series each 
 :func:`report_sni` only: ``tlsreload_sni_identities{state}`` and
 ``tlsreload_sni_soonest_not_after_timestamp_seconds{identity}``.
 
+A reloader serving the files of a SPIFFE source (:class:`~tlsreload_plugins.sources.spiffe.SpiffeSource`, its
+directory ``tlsreload-spiffe-...``) also exports the source's stream, labelled ``endpoint`` (the Workload API's
+address). The source runs in one process (gunicorn's arbiter, uvicorn's supervisor) and writes its figures beside
+its files (:mod:`tlsreload_plugins.sources.stream_status`); each worker's checks read them (on the checking thread,
+never on an event loop; a file missing or malformed changes nothing), so the workers serve them:
+
+* ``tlsreload_spiffe_connected``: 1 while the Workload API stream is open, else 0;
+* ``tlsreload_spiffe_stream_drops``: times the stream went away after it had been open;
+* ``tlsreload_spiffe_stream_reconnects``: times it was open again after a drop;
+* ``tlsreload_spiffe_refused_messages``: messages not written (malformed, no SVID, none with the SPIFFE ID asked
+  for, files not written);
+* ``tlsreload_spiffe_svid_updates``: updates written into the files (rotations, bundle changes);
+* ``tlsreload_spiffe_svid_not_after_timestamp_seconds``: when the SVID last written expires.
+
+They are gauges, not counters: every worker reports the same source's figures, which a sum would multiply.
+
 Under gunicorn (several worker processes) set ``PROMETHEUS_MULTIPROC_DIR`` as prometheus_client
 documents: counters are summed over all workers and the gauges report the minimum over live workers
-(``livemin``); docs/metrics.md says how to mark exited workers dead.
+(``livemin``), the SPIFFE stream's the maximum (``livemax``: the figures of the worker that read them last, as
+they only rise; ``connected`` is 1 while one live worker last read it so, an interval at most after a drop);
+docs/metrics.md says how to mark exited workers dead.
 
 Without ``prometheus_client`` installed, :func:`observe` does nothing and returns ``False``.
 """
@@ -42,9 +60,11 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.errors import ReloadError
+from tlsreload_plugins.expiry import SPIFFE_DIRECTORY
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.outcome import Outcome, Status
@@ -54,6 +74,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge
 
     from tlsreload_plugins.sni.summary import Summary
+    from tlsreload_plugins.sources.stream_status import StreamFigures
 
 log = logging.getLogger("tlsreload_plugins.metrics")
 
@@ -61,6 +82,10 @@ LABELS = ("certfile", "identity")
 DEFAULT_IDENTITY = "default"
 """The ``identity`` label of the configured identity (SNI identities are labelled with their names)."""
 GAUGE_MULTIPROCESS_MODE: Final = "livemin"
+STREAM_MULTIPROCESS_MODE: Final = "livemax"
+"""How the SPIFFE stream's gauges are aggregated over a gunicorn's workers (``PROMETHEUS_MULTIPROC_DIR``): every
+worker reports the same source's figures, the freshest the largest."""
+STREAM_LABELS = ("endpoint",)
 
 PER_IDENTITY_UP_TO = 100
 """SNI identities get their own series (labelled ``identity``) when a server has at most this many, or
@@ -262,6 +287,8 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         last_success = families.last_success.labels(certfile, identity)
         # Only for a reloader serving CRLs: a server without them shows no series.
         crl_next_update = families.crl_next_update.labels(certfile, identity) if reloader.files.crl else None
+        # A SPIFFE source's stream: read at the checks only (this may run on an event loop), the first one sets it.
+        stream = _stream_for(certfile, registry)
         status = reloader.status()
         failures.inc(status.failures)  # reported before metrics were set up (a start on the last good identity)
         attempts.inc(status.failures)
@@ -295,9 +322,144 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         if status.refused_resumptions > refused:
             refused_resumptions.inc(status.refused_resumptions - refused)
             refused = status.refused_resumptions
+        if stream is not None:
+            stream.update()
 
     reloader.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
     return True
+
+
+_refused_peers: dict[int, tuple[object, Counter]] = {}
+_authorizers_observed: weakref.WeakKeyDictionary[Authorizer, set[int]] = weakref.WeakKeyDictionary()
+
+
+def observe_authorizer(authorizer: Authorizer, side: str, registry: CollectorRegistry | None = None) -> bool:
+    """Count the handshakes ``authorizer`` refuses as ``tlsreload_unauthorized_peers_total{side}`` (``side``:
+    ``server`` for the clients a server refused, ``client`` for the servers a client refused); ``False`` (and nothing
+    done) without prometheus_client, or where metrics cannot be set up (one WARNING). Observing it again changes
+    nothing. The count is made in the handshake's thread: one increment.
+
+    Example: ``observe_authorizer(authorizer, "server")``.
+    """
+    try:
+        from prometheus_client import REGISTRY, Counter
+    except ImportError:
+        return False
+    try:
+        with _lock:
+            seen = _authorizers_observed.setdefault(authorizer, set())
+            if id(registry) in seen:
+                return True
+            entry = _refused_peers.get(id(registry))
+            if entry is None:
+                family = Counter(
+                    "tlsreload_unauthorized_peers",
+                    "TLS handshakes refused because the peer's SPIFFE ID is not one its authorizer accepts.",
+                    ("side",),
+                    registry=REGISTRY if registry is None else registry,
+                )
+                entry = _refused_peers[id(registry)] = (registry, family)
+            seen.add(id(registry))
+        counter = entry[1].labels(side)
+        counter.inc(authorizer.refused)  # refused before metrics were set up
+        authorizer.on_refused(counter.inc)
+    except Exception as e:  # e.g. PROMETHEUS_MULTIPROC_DIR missing: metrics must never stop TLS serving
+        log.warning("Prometheus metrics of the SPIFFE authorizer are off: %s: %s", type(e).__name__, e)
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _StreamFamilies:
+    connected: Gauge
+    drops: Gauge
+    reconnects: Gauge
+    refused: Gauge
+    updates: Gauge
+    not_after: Gauge
+
+
+_stream_families: dict[int, tuple[object, _StreamFamilies]] = {}
+
+
+def _stream_families_for(registry: CollectorRegistry | None) -> _StreamFamilies:
+    """The SPIFFE stream's families, made once per registry and only where a SPIFFE source's files are served (a
+    server without one shows none)."""
+    from prometheus_client import REGISTRY, Gauge
+
+    with _lock:
+        entry = _stream_families.get(id(registry))
+        if entry is None:
+            target = REGISTRY if registry is None else registry
+
+            def gauge(name: str, meaning: str) -> Gauge:
+                return Gauge(name, meaning, STREAM_LABELS, registry=target, multiprocess_mode=STREAM_MULTIPROCESS_MODE)
+
+            families = _StreamFamilies(
+                connected=gauge("tlsreload_spiffe_connected", "1 while the Workload API stream is open, else 0."),
+                drops=gauge(
+                    "tlsreload_spiffe_stream_drops", "Times the Workload API stream went away after it was open."
+                ),
+                reconnects=gauge(
+                    "tlsreload_spiffe_stream_reconnects", "Times the Workload API stream was open again after a drop."
+                ),
+                refused=gauge(
+                    "tlsreload_spiffe_refused_messages",
+                    "Messages of the Workload API not written: malformed, no SVID (with the SPIFFE ID asked for), or "
+                    "the files could not be written.",
+                ),
+                updates=gauge("tlsreload_spiffe_svid_updates", "Updates of the Workload API written into the files."),
+                not_after=gauge(
+                    "tlsreload_spiffe_svid_not_after_timestamp_seconds",
+                    "Expiry (not-after) of the SVID last written from the Workload API, as a Unix timestamp.",
+                ),
+            )
+            entry = (registry, families)
+            _stream_families[id(registry)] = entry
+        return entry[1]
+
+
+class _Stream:
+    """The figures of the SPIFFE source whose files a reloader serves, as gauges: read again at each check."""
+
+    __slots__ = ("families", "last", "path")
+
+    def __init__(self, path: str, families: _StreamFamilies) -> None:
+        self.path = path
+        self.families = families
+        self.last: StreamFigures | None = None
+
+    def update(self) -> None:
+        """Read the figures and set the gauges; figures missing or malformed change nothing (the last values stay).
+        Called by the checks: on the checking thread, or under gevent from the hub, whence the read goes to its
+        pool of native threads (a read on the hub stalls every connection of the worker)."""
+        from tlsreload_plugins.drivers import gevent_offload
+        from tlsreload_plugins.sources.stream_status import read_figures
+
+        offload: Any = gevent_offload()
+        path = self.path
+        figures = read_figures(path) if offload is None else offload(lambda: read_figures(path))
+        if figures is None or figures == self.last:
+            return
+        families, endpoint = self.families, figures.endpoint
+        families.connected.labels(endpoint).set(1 if figures.connected else 0)
+        families.drops.labels(endpoint).set(figures.drops)
+        families.reconnects.labels(endpoint).set(figures.reconnects)
+        families.refused.labels(endpoint).set(figures.refused)
+        families.updates.labels(endpoint).set(figures.updates)
+        if figures.not_after is not None:
+            families.not_after.labels(endpoint).set(figures.not_after)
+        self.last = figures
+
+
+def _stream_for(certfile: str, registry: CollectorRegistry | None) -> _Stream | None:
+    """The stream gauges of the SPIFFE source ``certfile`` is from; ``None`` for other files."""
+    if SPIFFE_DIRECTORY not in certfile:
+        return None
+    from tlsreload_plugins.sources.stream_status import figures_path  # only where a SPIFFE source's files serve
+
+    path = figures_path(certfile)
+    return _Stream(path, _stream_families_for(registry)) if path is not None else None
 
 
 def _set_next_update(gauge: Gauge | None, leaf: Leaf) -> None:

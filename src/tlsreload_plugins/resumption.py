@@ -13,23 +13,51 @@ the connection is closed before the server reads a byte of it. Their ``read``, `
 ``do_handshake`` first while the handshake is not done, so a server that lets the first read make the handshake
 (gunicorn's ``sync`` worker) goes through the same check. A straddler whose handshake is not run by such a
 ``do_handshake`` (a connection class of someone else's) is refused at its ClientHello instead.
+
+The same check refuses a peer whose SPIFFE ID a context's :class:`~tlsreload_plugins.authorization.Authorizer` does
+not accept (:func:`authorize_peers`), on either side: a server's client, a client's server. A resumed session is
+judged by the certificate it was made with, which OpenSSL keeps with the session: a peer whose ID has left the
+accepted set is refused on its next handshake, resumed or not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import ssl
 import threading
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec
 
-__all__ = ["check_handshakes", "refuse_if_resumed"]
+from tlsreload_plugins.authorization import Authorizer
+
+__all__ = [
+    "Straddled",
+    "Unauthorized",
+    "authorize_peers",
+    "authorized",
+    "authorizer_of",
+    "check_handshakes",
+    "refuse_if_resumed",
+]
+
+P = ParamSpec("P")
 
 log = logging.getLogger("tlsreload_plugins.resumption")
 
 
 class Straddled(ssl.SSLError):
     """A session resumed on a connection created before a change of what the server trusts: refused."""
+
+
+class Unauthorized(ssl.SSLError):
+    """A peer whose SPIFFE ID the context's authorizer does not accept: refused in its handshake."""
+
+
+_authorizers: weakref.WeakKeyDictionary[ssl.SSLContext, Authorizer] = weakref.WeakKeyDictionary()
+"""The authorizer of each context whose connections check their peer's SPIFFE ID (:func:`authorize_peers`)."""
 
 
 class _HandshakeChecked:
@@ -48,24 +76,41 @@ class _HandshakeChecked:
 
     def do_handshake(self, *args: Any, **kwargs: Any) -> Any:
         if self._tlsreload_refused:
-            raise Straddled(ssl.SSL_ERROR_SSL, "a session resumed across a trust change was refused")
+            raise Straddled(ssl.SSL_ERROR_SSL, "the handshake was refused")
+        created_on = self.context  # type: ignore[attr-defined]  # a ClientHello callback may move it
         self._tlsreload_in_handshake = True
         try:
             result = super().do_handshake(*args, **kwargs)  # type: ignore[misc]
         finally:
             self._tlsreload_in_handshake = False
         if self._tlsreload_straddler and self.session_reused:  # type: ignore[attr-defined]
-            self._tlsreload_refused = True
             log.debug("refused a TLS session resumed on a connection created before the trust changed")
-            on_refused = self._tlsreload_on_refused
-            if on_refused is not None:
-                on_refused()
-            close = getattr(self, "close", None)
-            if close is not None:  # a socket; an SSLObject's transport is closed by its server on the error
-                close()
+            self._tlsreload_refuse(self._tlsreload_on_refused)
             raise Straddled(ssl.SSL_ERROR_SSL, "a session resumed across a trust change was refused")
+        authorizer = _authorizers.get(self.context) or _authorizers.get(created_on)  # type: ignore[attr-defined]
+        if authorizer is not None:
+            peer = self.getpeercert()  # type: ignore[attr-defined]  # a resumed session's: the one it was made with
+            reason = authorizer.refusal(peer)
+            if reason is not None:
+                side = "the server" if self.server_side else "the client"  # type: ignore[attr-defined]
+                self._tlsreload_refuse(lambda: authorizer.count_refusal(peer, reason, side))
+                raise Unauthorized(ssl.SSL_ERROR_SSL, f"SPIFFE authorization refused the peer: {reason}")
         self._tlsreload_done = True
         return result
+
+    def _tlsreload_refuse(self, on_refused: Callable[[], object] | None) -> None:
+        """Refuse the connection whose handshake just completed: reads and writes fail from now on."""
+        self._tlsreload_refused = True
+        if on_refused is not None:
+            on_refused()
+        # A socket is shut down, not closed: the peer sees the end at once, and the descriptor stays the server's
+        # to close on the error. Closed here, its number could go to the next accepted connection while the server
+        # still watches it for this one (Tornado: "fd added twice", and that connection lost). An SSLObject's
+        # transport is closed by its server on the error.
+        shutdown = getattr(self, "shutdown", None)
+        if shutdown is not None:
+            with contextlib.suppress(OSError):  # the peer went first
+                shutdown(socket.SHUT_RDWR)
 
     def _tlsreload_handshake_first(self) -> None:
         # A read or write before the handshake completed would make it inside OpenSSL, unchecked.
@@ -149,3 +194,62 @@ def refuse_if_resumed(conn: Any, on_refused: Callable[[], object] | None = None)
     conn._tlsreload_straddler = True
     conn._tlsreload_on_refused = on_refused
     return True
+
+
+def authorize_peers(context: ssl.SSLContext, authorizer: Authorizer, *, server_side: bool) -> ssl.SSLContext:
+    """Have every connection ``context`` creates, and every connection a ClientHello callback moves onto it, refuse
+    in its handshake a peer whose SPIFFE ID ``authorizer`` does not accept (:class:`Unauthorized`; counted and said
+    once per peer ID by the authorizer), before a byte of it is read or written. Resumed sessions are judged by the
+    certificate they were made with.
+
+    The peer's certificate is required (``CERT_REQUIRED``): an authorizer decides on a verified SVID. On a client,
+    its SPIFFE ID is checked instead of its host name (``check_hostname`` off: an SVID's names mean nothing).
+
+    Args:
+        context: a context built by a server's recipe or for a client.
+        authorizer: who may be on the other end.
+        server_side: whether ``context`` accepts connections (its peers are clients).
+
+    Returns:
+        ``context``.
+
+    Example::
+
+        context = authorize_peers(recipe(), authorize_member_of("example.org"), server_side=True)
+    """
+    if not server_side:
+        context.check_hostname = False
+    context.verify_mode = ssl.CERT_REQUIRED
+    _authorizers[context] = authorizer
+    check_handshakes(context)
+    return context
+
+
+def authorizer_of(context: ssl.SSLContext) -> Authorizer | None:
+    """The authorizer :func:`authorize_peers` gave ``context``, else ``None``."""
+    return _authorizers.get(context)
+
+
+def authorized(
+    recipe: Callable[P, ssl.SSLContext], authorizer: Authorizer | None, *, server_side: bool = True
+) -> Callable[P, ssl.SSLContext]:
+    """``recipe``, whose every context refuses peers whose SPIFFE ID ``authorizer`` does not accept, in their
+    handshake (:func:`authorize_peers`); ``recipe`` itself when ``authorizer`` is ``None``. Every context a
+    reloader serves or routes to (the default identity, SNI identities, the last good) is its recipe's, and every
+    context a client identity presents is its recipe's, so wrapping the recipe reaches all of them.
+
+    ``server_side``: the contexts accept connections (client certificates are then required); ``False``: a
+    client's (the server's SPIFFE ID is checked instead of its host name).
+
+    Example: ``recipe, recipe_for = authorized(recipe, authorizer), authorized(recipe_for, authorizer)``.
+    """
+    if authorizer is None:
+        return recipe
+
+    def build(*args: P.args, **kwargs: P.kwargs) -> ssl.SSLContext:
+        context = recipe(*args, **kwargs)
+        if isinstance(context, ssl.SSLContext):  # anything else is build_context's to report
+            authorize_peers(context, authorizer, server_side=server_side)
+        return context
+
+    return build

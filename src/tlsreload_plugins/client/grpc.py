@@ -60,12 +60,19 @@ def channel_credentials(snapshot: Snapshot) -> Any:
     )
 
 
-def _refuse_password(identity: ClientIdentity) -> None:
+def _refuse_what_grpc_cannot_do(identity: ClientIdentity) -> None:
+    """A key password and an authorizer are settings of Python's ``ssl``, which gRPC's channels do not use."""
     if identity.password is not None:
         keyfile = identity.files.keyfile or identity.files.certfile
         raise ValueError(
             f"gRPC takes an unencrypted private key, and the key in {keyfile} is read with a password: "
             "give gRPC channels a key file without one"
+        )
+    if identity.authorizer is not None:
+        raise ValueError(
+            "gRPC channels make their handshakes in gRPC's own TLS stack, which checks the server's host name and "
+            f"cannot apply an authorizer ({identity.authorizer.description}): give gRPC channels an identity "
+            "without authorize=, and name a DNS name of the server's certificate (grpc.ssl_target_name_override)"
         )
 
 
@@ -469,7 +476,7 @@ class _Channels:
     _unary: type[_Routed] = _Streaming
 
     def __init__(self, identity: ClientIdentity, retire_after: float | None) -> None:
-        _refuse_password(identity)
+        _refuse_what_grpc_cannot_do(identity)
         self.identity = identity
         self.retire_after = retire_after
         self._pools: Pools[Any] = Pools(self._make, retire_after)

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from types import TracebackType
 from typing import Any
 
+from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import Examined, examine_files, load_identity
@@ -35,9 +36,10 @@ from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.lastgood.last_good import password_digest
 from tlsreload_plugins.lastgood.memory_files import context_from
-from tlsreload_plugins.metrics import observe, wanted
+from tlsreload_plugins.metrics import observe, observe_authorizer, wanted
 from tlsreload_plugins.outcome import Outcome, Record, Status
 from tlsreload_plugins.reloader import Offload
+from tlsreload_plugins.resumption import authorized
 from tlsreload_plugins.settings import resolve_expiry_warning_days, resolve_interval, resolve_password
 
 __all__ = [
@@ -168,6 +170,12 @@ class ClientIdentity:
         watch: check in a daemon thread of its own.
         metrics: export Prometheus metrics (the server side's names, labelled ``identity="client"``), else
             ``TLSRELOAD_METRICS``'s choice.
+        authorize: which servers may be on the other end, by the SPIFFE ID of their certificate: an
+            :class:`~tlsreload_plugins.authorization.Authorizer` (``authorize_id("spiffe://example.org/api")``), a
+            matcher, or the syntax of :func:`~tlsreload_plugins.authorization.parse_authorizer`. The server's ID is
+            then checked in each handshake instead of its host name (no ``check_hostname = False`` to write); a
+            server refused fails the handshake with :class:`~tlsreload_plugins.resumption.Unauthorized`, said once
+            per server ID and counted. Default: the host name is checked, as the recipe has it.
         clock: the wall clock (tests).
 
     Raises:
@@ -192,13 +200,16 @@ class ClientIdentity:
         recipe: ClientRecipe = client_context,
         watch: bool = True,
         metrics: bool | None = None,
+        authorize: Authorizer | Callable[[str], bool] | str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(cafile) if cafile else None)
         self.password = resolve_password(password)
         self.interval = resolve_interval(interval)
         self.expiry_warning_days = resolve_expiry_warning_days(expiry_warning_days)
-        self._recipe = recipe
+        # Not from $TLSRELOAD_SPIFFE_AUTHORIZE: that names a server's clients, not the servers its own clients reach.
+        self.authorizer = resolve_authorizer(authorize) if authorize is not None else None
+        self._recipe = authorized(recipe, self.authorizer, server_side=False)
         self._clock = clock
         self._lock = threading.Lock()  # the state below, for a few assignments: never across I/O
         self._check_lock = threading.Lock()  # one check at a time
@@ -217,6 +228,8 @@ class ClientIdentity:
         self._warn_expiry(now)
         if wanted(metrics):
             observe(self, identity=METRICS_IDENTITY)
+            if self.authorizer is not None:
+                observe_authorizer(self.authorizer, "client")
         self._driver = ThreadDriver(self).start() if watch else None
 
     @classmethod

@@ -299,7 +299,10 @@ class ReloadingAdapter(HTTPAdapter):
             if not parse_url(proxy).host:
                 raise InvalidProxyURL("Please check proxy URL. It is malformed and could be missing the host.")
             manager = self.proxy_manager_for(proxy)
-        return manager.connection_from_host(hostname, port, scheme, pool_kwargs={"cert_reqs": "CERT_REQUIRED"})
+        pool_kwargs: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED"}
+        if self.identity.authorizer is not None:  # the server's SPIFFE ID is checked in the handshake: not its name
+            pool_kwargs["assert_hostname"] = False
+        return manager.connection_from_host(hostname, port, scheme, pool_kwargs=pool_kwargs)
 
     def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
         """Certificates are verified against the context's CAs: no CA path on the pool (urllib3 would load it

@@ -30,6 +30,7 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
         f"tlsreload_plugins.grpc needs grpcio, which is not installed ({e}): pip install 'tlsreload-plugins[grpc]'"
     ) from e
 
+from tlsreload_plugins.authorization import AUTHORIZE_ENV, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import load_identity
 from tlsreload_plugins.files import Password, TLSFiles, password_bytes
@@ -183,7 +184,8 @@ def server_credentials(
         InvalidIdentity: the files cannot be used now; one sentence names the file and what is wrong.
         ValueError: a setting is not usable (an interval below 0.1, an SNI directory that does not exist,
             ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``, a ``$TLSRELOAD_CRL``: gRPC's
-            server credentials take no CRL from Python).
+            server credentials take no CRL from Python), a ``$TLSRELOAD_SPIFFE_AUTHORIZE`` (its handshakes are made
+            by gRPC's own TLS stack).
 
     Example::
 
@@ -203,6 +205,12 @@ def server_credentials(
         )
     if require_client_auth and not ca_certs:
         raise ValueError("require_client_auth needs ca_certs: the CAs client certificates are verified against")
+    if resolve_authorizer(settings.authorize) is not None:
+        raise ValueError(
+            f"gRPC's server makes its handshakes in its own TLS stack, out of Python's reach, so ${AUTHORIZE_ENV} "
+            "cannot refuse a client there: unset it, and check the caller's SPIFFE ID in a server interceptor "
+            "(context.auth_context()['x509_subject_alternative_name'])"
+        )
     password = resolve_password(password_in_file(password_file) if password_file else None)
     files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(ca_certs) if ca_certs else None)
     recipe_for = functools.partial(server_context, password=password)  # OpenSSL's verdict on files, never served

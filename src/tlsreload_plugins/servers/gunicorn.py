@@ -3,7 +3,9 @@
 How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``add_reload(globals())`` last in
 your ``gunicorn.conf.py`` (your hooks still run); gunicorn's ``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni``,
 ``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``; ``tls_spiffe`` (or ``$TLSRELOAD_SPIFFE``): the identity from
-SPIFFE's Workload API, followed by the arbiter, its files gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``.
+SPIFFE's Workload API, followed by the arbiter, its files gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``
+(``tls_spiffe_id``, ``tls_spiffe_federation``: which SVID, which federated bundles); ``tls_spiffe_authorize`` (or
+``$TLSRELOAD_SPIFFE_AUTHORIZE``): which clients may connect, by SPIFFE ID.
 Where the context is built: your ``ssl_context`` hook on gunicorn's default factory is the recipe; the hook then
 hands out the worker's reloading context (``sync`` and ``gthread`` ask per connection, the others once;
 ``UvicornWorker`` never asks: see :mod:`tlsreload_plugins.servers.gunicorn_worker_classes`).
@@ -24,6 +26,7 @@ import sys
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
@@ -33,6 +36,7 @@ from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import server_context
 from tlsreload_plugins.serving.hooks import Aside, after, before, imported_again_on, made_by, option_value, still_ours
+from tlsreload_plugins.serving.options import spiffe_choice
 from tlsreload_plugins.serving.start import CannotServe, Settings, check_at_start, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import glue_for, prepare_worker_class, running_here, serve_in_worker, stop_here
 from tlsreload_plugins.serving.workers import reloaders_here as reloaders
@@ -80,6 +84,9 @@ def add_reload(
     metrics: bool | None = None,
     crl: str | None = None,
     spiffe: str | bool | None = None,
+    spiffe_id: str | None = None,
+    federation: bool | str | Sequence[str] | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> None:
     """Add certificate reloading to a gunicorn configuration module; calling it twice changes nothing.
 
@@ -94,6 +101,14 @@ def add_reload(
         spiffe: serve the SVID of SPIFFE's Workload API (``True``: at ``$SPIFFE_ENDPOINT_SOCKET``; a string: at
             that socket) in place of ``certfile``, ``keyfile`` and ``ca_certs``: else the module's ``tls_spiffe``,
             else ``$TLSRELOAD_SPIFFE``. The arbiter follows the stream; workers read its files.
+        spiffe_id: with ``spiffe``, the SVID to serve: else the module's ``tls_spiffe_id``, else the Workload API's
+            first.
+        federation: with ``spiffe``, trust federated trust domains' bundles too (``True``: all; or a list, or one
+            comma-separated string, of trust domains): else the module's ``tls_spiffe_federation``, else none.
+        authorize: accept only clients whose SPIFFE ID this accepts (an
+            :class:`~tlsreload_plugins.authorization.Authorizer`, a matcher, or the syntax of
+            :func:`~tlsreload_plugins.authorization.parse_authorizer`): else the module's ``tls_spiffe_authorize``,
+            else ``$TLSRELOAD_SPIFFE_AUTHORIZE``; client certificates are then required.
 
     Example: at the end of ``gunicorn.conf.py``, after your hooks: ``add_reload(globals())``.
     """
@@ -103,7 +118,11 @@ def add_reload(
     metrics = metrics if metrics is not None else namespace.get("tls_metrics")
     crl = crl if crl is not None else namespace.get("tls_crl")
     from_spiffe = resolve_spiffe(spiffe if spiffe is not None else namespace.get("tls_spiffe"))
-    settings = Settings(interval, sni, metrics, crl)
+    authorize = authorize if authorize is not None else namespace.get("tls_spiffe_authorize")
+    spiffe_id = spiffe_id if spiffe_id is not None else namespace.get("tls_spiffe_id")
+    federation = federation if federation is not None else namespace.get("tls_spiffe_federation")
+    settings = Settings(interval, sni, metrics, crl, authorize)
+    chosen = (spiffe_id, federation)
     # The user's ssl_context hook, else gunicorn's default one (its default factory, as it is).
     user_ssl_context: SSLContextHook = namespace.get("ssl_context") or (lambda conf, factory: factory())
 
@@ -117,7 +136,7 @@ def add_reload(
 
     namespace["ssl_context"] = reloading_ssl_context
     namespace["on_starting"] = before(
-        lambda server: _check_at_start(server, settings, from_spiffe), namespace.get("on_starting")
+        lambda server: _check_at_start(server, settings, from_spiffe, chosen), namespace.get("on_starting")
     )
     if from_spiffe is not None:  # a HUP reads the configuration again: the SVID's files are set again before workers
         namespace["on_reload"] = before(lambda server: _use_source(server.cfg), namespace.get("on_reload"))
@@ -152,7 +171,15 @@ def drop_in_settings(module: str) -> dict[str, Any]:
         read = dict(Application.get_config_from_filename(None, location.removeprefix("file:")))
     names = {setting.name for setting in KNOWN_SETTINGS}
     settings = {name: value for name, value in read.items() if name in names}
-    add_reload(settings, sni=read.get("tls_sni"), metrics=read.get("tls_metrics"), spiffe=read.get("tls_spiffe"))
+    add_reload(
+        settings,
+        sni=read.get("tls_sni"),
+        metrics=read.get("tls_metrics"),
+        spiffe=read.get("tls_spiffe"),
+        spiffe_id=read.get("tls_spiffe_id"),
+        federation=read.get("tls_spiffe_federation"),
+        authorize=read.get("tls_spiffe_authorize"),
+    )
     # gunicorn imports a python: module once, but reads a configuration file again on HUP: so should the drop-in.
     imported_again_on(settings, module, "on_starting", "on_reload")
     return settings
@@ -171,7 +198,9 @@ def _replaced_config() -> str | None:
     return cast("str | None", get_default_config_file())
 
 
-def _check_at_start(arbiter: Any, settings: Settings, spiffe: str | None) -> None:
+def _check_at_start(
+    arbiter: Any, settings: Settings, spiffe: str | None, chosen: tuple[str | None, bool | str | Sequence[str] | None]
+) -> None:
     """In the arbiter, before it binds: one error line and a halt when a setting or the files cannot serve."""
     global _last_good
     logs.share_handlers(getattr(arbiter.log, "error_log", None))
@@ -180,9 +209,18 @@ def _check_at_start(arbiter: Any, settings: Settings, spiffe: str | None) -> Non
     cfg = arbiter.cfg
     reason = "the TLS certificate files or settings are not usable"
     halt = functools.partial(arbiter.halt, reason=reason, exit_status=STARTUP_FAILURE)
-    if spiffe is not None:
-        with exit_if_cannot_serve(halt):
-            _start_source(cfg, spiffe)
+    with exit_if_cannot_serve(halt):
+        spiffe_id, federation = spiffe_choice(*chosen, names=("tls_spiffe_id", "tls_spiffe_federation"))
+        if spiffe is None and (spiffe_id or federation):
+            key = "tls_spiffe_id" if spiffe_id else "tls_spiffe_federation"
+            raise CannotServe(f"cannot serve TLS: {key} chooses what comes from SPIFFE's Workload API: set tls_spiffe")
+        if settings.authorize is not None:
+            try:
+                resolve_authorizer(settings.authorize)
+            except ValueError as e:
+                raise CannotServe(f"cannot serve TLS: tls_spiffe_authorize: {e}") from None
+        if spiffe is not None:
+            _start_source(cfg, spiffe, spiffe_id, federation)
     if not cfg.is_ssl:
         log.warning("no --certfile given: serving without TLS, nothing to reload")
         return
@@ -197,7 +235,7 @@ def _check_at_start(arbiter: Any, settings: Settings, spiffe: str | None) -> Non
         check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, _last_good, forks=True)
 
 
-def _start_source(cfg: Any, spiffe: str) -> None:
+def _start_source(cfg: Any, spiffe: str, spiffe_id: str | None, federation: bool | list[str]) -> None:
     """Follow SPIFFE's Workload API in the arbiter (once, before any worker) and make its files gunicorn's."""
     global _spiffe
     given = [name for name in ("certfile", "keyfile", "ca_certs") if getattr(cfg, name)]
@@ -205,7 +243,7 @@ def _start_source(cfg: Any, spiffe: str) -> None:
         raise CannotServe(f"tls_spiffe takes the certificate, key and CA bundle from SPIFFE: drop {given[0]}")
     from tlsreload_plugins.serving.spiffe import start_source  # its gRPC stream reader: only where SPIFFE is used
 
-    _spiffe = _spiffe or start_source(spiffe)
+    _spiffe = _spiffe or start_source(spiffe, spiffe_id=spiffe_id, federation=federation)
     _use_source(cfg)
 
 

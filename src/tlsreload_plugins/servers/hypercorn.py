@@ -58,8 +58,10 @@ class ReloadingConfig(Config):
     ``tls_sni`` (directories of more identities chosen by server name; ``None``:
     ``$TLSRELOAD_SNI``; see :mod:`tlsreload_plugins.sni.identities`), ``tls_metrics`` (export Prometheus
     metrics; ``None``: ``$TLSRELOAD_METRICS``, else off; see :mod:`tlsreload_plugins.metrics`) and ``tls_crl`` (a PEM
-    file of CRLs for the CAs of ``ca_certs``, reloaded with it; ``None``: ``$TLSRELOAD_CRL``, else none).
-    :func:`reloaders` lists the reloaders it made in this process.
+    file of CRLs for the CAs of ``ca_certs``, reloaded with it; ``None``: ``$TLSRELOAD_CRL``, else none) and
+    ``tls_spiffe_authorize`` (which clients may connect, by SPIFFE ID, in the syntax of
+    :func:`~tlsreload_plugins.authorization.parse_authorizer`; ``None``: ``$TLSRELOAD_SPIFFE_AUTHORIZE``, else any the
+    server's own settings accept). :func:`reloaders` lists the reloaders it made in this process.
 
     Example::
 
@@ -74,6 +76,7 @@ class ReloadingConfig(Config):
     tls_sni: list[str] | None = None
     tls_metrics: bool | None = None
     tls_crl: str | None = None
+    tls_spiffe_authorize: str | None = None
     _tls_last_good: SharedStore | None = None  # see _last_good()
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
@@ -135,7 +138,9 @@ class ReloadingConfig(Config):
             check_config_at_start(self, _hypercorn_context, names=NAMES, settings=settings, store=store, spawns=spawns)
 
     def _settings(self) -> Settings:
-        return Settings(self.tls_reload_interval, self.tls_sni, self.tls_metrics, self.tls_crl)
+        return Settings(
+            self.tls_reload_interval, self.tls_sni, self.tls_metrics, self.tls_crl, self.tls_spiffe_authorize
+        )
 
     def _last_good(self) -> SharedStore:
         """The last good identity, kept on this config: shared with each worker hypercorn starts."""
@@ -181,6 +186,8 @@ def _serve(config: Config, *, settings: Settings) -> int:
     reloading.tls_sni = list(settings.sni) if settings.sni else reloading.tls_sni
     reloading.tls_metrics = settings.metrics or reloading.tls_metrics
     reloading.tls_crl = settings.crl or reloading.tls_crl
+    if isinstance(settings.authorize, str):  # the option's text: pickled to the workers, parsed in each
+        reloading.tls_spiffe_authorize = settings.authorize
     # hypercorn starts workers later too (SIGHUP, --reload): each gets the newest valid identity seen here.
     reloading._check_in_parent(spawns=reloading.workers > 0)
     import hypercorn.run

@@ -40,6 +40,7 @@ except ImportError as e:  # the [twisted] extra: one clear line instead of a bar
         f"tlsreload's tlsreload: endpoint needs Twisted with TLS ({e}): pip install 'tlsreload-plugins[twisted]'"
     ) from e
 
+from tlsreload_plugins.authorization import AUTHORIZE_ENV, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import Password, TLSFiles, password_bytes, password_file, read_files
 from tlsreload_plugins.lastgood.memory_files import RecipeFor, in_memory_files
@@ -223,6 +224,11 @@ def reloading_endpoint(reactor: Any, *args: str, **kwargs: str) -> Any:
     settings = Settings(interval=interval, sni=ours.get("sni"), crl=ours.get("crlFile"))
     try:
         files = settings.with_crl(files)  # the recipe reads the CRL itself: into Twisted's context too
+        if resolve_authorizer(None) is not None:
+            raise ValueError(
+                f"Twisted makes its handshakes with pyOpenSSL, where ${AUTHORIZE_ENV} cannot refuse a client: unset "
+                "it, or check the peer's SPIFFE ID in your protocol (transport.getPeerCertificate())"
+            )
     except ValueError as e:
         raise SystemExit(f"tlsreload: cannot serve TLS: {e}") from None
     password = resolve_password(password_file(ours["keyPasswordFile"]) if ours.get("keyPasswordFile") else None)

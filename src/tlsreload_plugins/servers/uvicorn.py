@@ -29,7 +29,7 @@ from tlsreload_plugins.serving.configured import (
     start_from_config,
 )
 from tlsreload_plugins.serving.lifespan import TLSReloadLifespan, reloaders, reloading_certificates
-from tlsreload_plugins.serving.options import click_settings, with_tls_options
+from tlsreload_plugins.serving.options import click_settings, spiffe_choice, with_tls_options
 from tlsreload_plugins.serving.start import Settings, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import ReloaderMaker, waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password, resolve_spiffe
@@ -174,7 +174,10 @@ def _run(
     tls_sni: tuple[str, ...],
     tls_metrics: bool,
     tls_crl: str | None,
+    tls_spiffe_authorize: str | None,
     tls_spiffe: str | None,
+    tls_spiffe_id: str | None,
+    tls_spiffe_federation: str | None,
     **options: Any,
 ) -> None:
     import click
@@ -186,9 +189,16 @@ def _run(
         )
     config = _config(kwargs)  # uvicorn's logging and --env-file now, for what follows (which may read $TLSRELOAD_*)
     route_logs()
-    settings = click_settings(tls_reload_interval, tls_sni, tls_metrics, tls_crl)
+    settings = click_settings(tls_reload_interval, tls_sni, tls_metrics, tls_crl, tls_spiffe_authorize)
     spiffe = resolve_spiffe(tls_spiffe)
+    try:
+        spiffe_id, federation = spiffe_choice(tls_spiffe_id, tls_spiffe_federation)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     if spiffe is None:
+        if spiffe_id or federation:
+            option = "--tls-spiffe-id" if spiffe_id else "--tls-spiffe-federation"
+            raise click.UsageError(f"{option} chooses what comes from SPIFFE's Workload API: it needs --tls-spiffe")
         _serve(kwargs, options, config, settings)
         return
     given = [f"--{name.replace('_', '-')}" for name in NAMES[:3] if options.get(name)]
@@ -197,7 +207,7 @@ def _run(
     from tlsreload_plugins.serving.spiffe import start_source  # its gRPC stream reader: only where SPIFFE is used
 
     with exit_if_cannot_serve(STARTUP_FAILURE):
-        source = start_source(spiffe)
+        source = start_source(spiffe, spiffe_id=spiffe_id, federation=federation)
     with source:  # in the supervisor: the workers read its files (and the last good store), never the stream
         files = source.files
         paths = {"ssl_certfile": files.certfile, "ssl_keyfile": files.keyfile, "ssl_ca_certs": files.ca_certs}

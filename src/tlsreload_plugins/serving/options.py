@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from tlsreload_plugins import __version__
+from tlsreload_plugins.authorization import AUTHORIZE_ENV, parse_spiffe_id, trust_domain_of
 from tlsreload_plugins.serving.start import Settings
 from tlsreload_plugins.settings import CRL_ENV, INTERVAL_ENV, METRICS_ENV, MIN_INTERVAL, SNI_ENV, SPIFFE_ENV
 
@@ -24,7 +25,17 @@ if TYPE_CHECKING:  # a drop-in command's only: its workers, which import the glu
 
     import click
 
-__all__ = ["OPTION_HELP", "SPIFFE_HELP", "add_options", "argparse_settings", "click_settings", "with_tls_options"]
+__all__ = [
+    "OPTION_HELP",
+    "SPIFFE_FEDERATION_HELP",
+    "SPIFFE_HELP",
+    "SPIFFE_ID_HELP",
+    "add_options",
+    "argparse_settings",
+    "click_settings",
+    "spiffe_choice",
+    "with_tls_options",
+]
 
 OPTION_HELP = {
     "--tls-reload-interval": "Seconds between checks of the TLS certificate files. "
@@ -35,6 +46,10 @@ OPTION_HELP = {
     f"Defaults to ${METRICS_ENV}.",
     "--tls-crl": "A PEM file of certificate revocation lists for the CAs of the client-CA bundle, reloaded with it: "
     f"revoked client certificates are refused. Defaults to ${CRL_ENV}.",
+    "--tls-spiffe-authorize": "Accept only clients whose certificate carries a SPIFFE ID this accepts, refused in "
+    "their handshake otherwise: 'any', an ID (spiffe://example.org/web), a trust domain's members "
+    "(spiffe://example.org), several of these separated by commas, or module:function (a matcher of the ID). "
+    f"Client certificates are then required. Defaults to ${AUTHORIZE_ENV}.",
 }
 """The options every drop-in command adds to its server's own, with their help."""
 
@@ -43,6 +58,15 @@ SPIFFE_HELP = (
     f"given (--tls-spiffe=unix:///PATH), else at $SPIFFE_ENDPOINT_SOCKET. Defaults to ${SPIFFE_ENV}."
 )
 """The help of ``--tls-spiffe``, which the drop-ins that can take their identity from SPIFFE add."""
+
+SPIFFE_ID_HELP = (
+    "With --tls-spiffe: serve the SVID with this SPIFFE ID (default: the Workload API's first, its default)."
+)
+SPIFFE_FEDERATION_HELP = (
+    "With --tls-spiffe: trust the bundles of federated trust domains too, all the Workload API sends, or those given "
+    "(--tls-spiffe-federation=partner.org,other.org); --tls-spiffe-authorize decides which of their members may "
+    "connect."
+)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -62,6 +86,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tls-sni", action="append", metavar="DIR", help=help_of["--tls-sni"])
     group.add_argument("--tls-metrics", action="store_true", default=None, help=help_of["--tls-metrics"])
     group.add_argument("--tls-crl", metavar="PATH", help=help_of["--tls-crl"])
+    group.add_argument("--tls-spiffe-authorize", metavar="WHO", help=help_of["--tls-spiffe-authorize"])
 
 
 def with_tls_options(
@@ -72,11 +97,12 @@ def with_tls_options(
     Args:
         stock: the server's command.
         callback: runs in place of the stock callback, with the stock parameters and ``tls_reload_interval``
-            (a float >= 0.1, or None), ``tls_sni`` (a tuple), ``tls_metrics`` (a bool) and ``tls_crl`` (a path or
-            None).
+            (a float >= 0.1, or None), ``tls_sni`` (a tuple), ``tls_metrics`` (a bool), ``tls_crl`` (a path or
+            None) and ``tls_spiffe_authorize`` (a string or None).
         after: the options go after the last parameter whose name starts with it (the server's TLS options).
         spiffe: add ``--tls-spiffe[=SOCKET]`` too: the callback gets ``tls_spiffe`` (``None``: not given; ``""``:
-            given without a socket; else the socket).
+            given without a socket; else the socket), ``tls_spiffe_id`` and ``tls_spiffe_federation`` (``None``,
+            ``""``: every federated domain, else a comma-separated list): see :func:`spiffe_choice`.
 
     Returns:
         A copy of ``stock`` (help texts, defaults and environment variables unchanged) whose ``--version``
@@ -100,16 +126,31 @@ def with_tls_options(
         click.Option(["--tls-sni"], multiple=True, metavar="DIR", help=OPTION_HELP["--tls-sni"]),
         click.Option(["--tls-metrics"], is_flag=True, default=False, help=OPTION_HELP["--tls-metrics"]),
         click.Option(["--tls-crl"], metavar="PATH", help=OPTION_HELP["--tls-crl"]),
+        click.Option(["--tls-spiffe-authorize"], metavar="WHO", help=OPTION_HELP["--tls-spiffe-authorize"]),
     ]
     if spiffe:  # a value is optional: give the socket with "=", or the next argument is taken as it
         ours.append(click.Option(["--tls-spiffe"], is_flag=False, flag_value="", metavar="[=SOCKET]", help=SPIFFE_HELP))
+        ours.append(click.Option(["--tls-spiffe-id"], metavar="SPIFFE_ID", help=SPIFFE_ID_HELP))
+        ours.append(
+            click.Option(
+                ["--tls-spiffe-federation"],
+                is_flag=False,
+                flag_value="",
+                metavar="[=DOMAINS]",
+                help=SPIFFE_FEDERATION_HELP,
+            )
+        )
     command.params = [*params[:at], *ours, *params[at:]]
     command.callback = callback
     return command
 
 
 def click_settings(
-    tls_reload_interval: float | None, tls_sni: Sequence[str], tls_metrics: bool, tls_crl: str | None = None
+    tls_reload_interval: float | None,
+    tls_sni: Sequence[str],
+    tls_metrics: bool,
+    tls_crl: str | None = None,
+    tls_spiffe_authorize: str | None = None,
 ) -> Settings:
     """The :class:`~tlsreload_plugins.serving.start.Settings` of the options :func:`with_tls_options` hands its
     callback, checked: a bad value, or a bad ``$TLSRELOAD_*`` variable, is the command's usage error.
@@ -126,7 +167,10 @@ def click_settings(
     def usage_error(message: str) -> NoReturn:
         raise click.UsageError(message)
 
-    return _checked(Settings(tls_reload_interval, tls_sni or None, tls_metrics or None, tls_crl or None), usage_error)
+    settings = Settings(
+        tls_reload_interval, tls_sni or None, tls_metrics or None, tls_crl or None, tls_spiffe_authorize
+    )
+    return _checked(settings, usage_error)
 
 
 def argparse_settings(parser: argparse.ArgumentParser, options: argparse.Namespace) -> Settings:
@@ -139,8 +183,46 @@ def argparse_settings(parser: argparse.ArgumentParser, options: argparse.Namespa
 
     Example: ``settings = argparse_settings(parser, parser.parse_known_args()[0])``.
     """
-    settings = Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics, options.tls_crl)
+    settings = Settings(
+        options.tls_reload_interval, options.tls_sni, options.tls_metrics, options.tls_crl, options.tls_spiffe_authorize
+    )
     return _checked(settings, parser.error)
+
+
+def spiffe_choice(
+    spiffe_id: str | None,
+    federation: bool | str | Sequence[str] | None,
+    names: tuple[str, str] = ("argument --tls-spiffe-id", "argument --tls-spiffe-federation"),
+) -> tuple[str | None, bool | list[str]]:
+    """Which SVID and which federated bundles ``--tls-spiffe-id`` and ``--tls-spiffe-federation`` (or a
+    configuration's keys) ask for, checked: (the SPIFFE ID or ``None``, ``False`` / ``True`` / the trust domains), as
+    :class:`~tlsreload_plugins.sources.spiffe.SpiffeSource` takes them.
+
+    Args:
+        spiffe_id: the SVID's ID, or ``None``.
+        federation: ``None`` or ``False``: none; ``True`` or ``""``: every federated domain; else trust domains, as
+            a list or one comma-separated string.
+        names: how the two settings are named in errors.
+
+    Raises:
+        ValueError: a value that is not a SPIFFE ID or trust domain, named as ``names`` say.
+
+    Example: ``spiffe_choice(None, "partner.org")`` is ``(None, ["partner.org"])``.
+    """
+    try:
+        chosen = parse_spiffe_id(spiffe_id) if spiffe_id else None
+    except ValueError as e:
+        raise ValueError(f"{names[0]}: {e}") from None
+    if federation is None or federation is False:
+        return chosen, False
+    if federation is True:
+        return chosen, True
+    given = federation.split(",") if isinstance(federation, str) else list(federation)
+    domains = [part.strip() for part in given if part.strip()]
+    try:
+        return chosen, [trust_domain_of(domain) for domain in domains] if domains else True
+    except ValueError as e:
+        raise ValueError(f"{names[1]}: {e}") from None
 
 
 def _checked(settings: Settings, usage_error: Callable[[str], NoReturn]) -> Settings:

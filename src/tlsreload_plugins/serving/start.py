@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn, TypeVar
 
+from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.examine import Recipe, load_identity
 from tlsreload_plugins.files import Password, TLSFiles
@@ -39,6 +40,7 @@ from tlsreload_plugins.lastgood.last_good import LastGood, keep_all_valid, keep_
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.resumption import authorized
 from tlsreload_plugins.settings import (
     resolve_crl,
     resolve_expiry_warning_days,
@@ -116,14 +118,20 @@ class Settings(FrozenRecord):
         metrics: export Prometheus metrics (``$TLSRELOAD_METRICS``, else off).
         crl: a PEM file of CRLs for the CAs of the client-CA bundle (``$TLSRELOAD_CRL``, else none), reloaded
             with it: see :meth:`with_crl`.
+        authorize: which clients may connect, by the SPIFFE ID of their certificate
+            (``$TLSRELOAD_SPIFFE_AUTHORIZE``, else any client the server's own settings accept): an
+            :class:`~tlsreload_plugins.authorization.Authorizer`, a matcher, or the syntax of
+            :func:`~tlsreload_plugins.authorization.parse_authorizer`; applied by
+            :func:`~tlsreload_plugins.resumption.authorized`.
     """
 
-    _fields = ("interval", "sni", "metrics", "crl")
+    _fields = ("interval", "sni", "metrics", "crl", "authorize")
     __slots__ = _fields
     interval: float | None
     sni: Sequence[str] | str | None
     metrics: bool | None
     crl: str | None
+    authorize: Authorizer | Callable[[str], bool] | str | None
 
     def __init__(
         self,
@@ -131,8 +139,9 @@ class Settings(FrozenRecord):
         sni: Sequence[str] | str | None = None,
         metrics: bool | None = None,
         crl: str | None = None,
+        authorize: Authorizer | Callable[[str], bool] | str | None = None,
     ) -> None:
-        self._set(interval, sni, metrics, crl)
+        self._set(interval, sni, metrics, crl, authorize)
 
     def with_crl(self, files: TLSFiles) -> TLSFiles:
         """``files`` with the CRL file: the server's own setting (``files.crl``), else :attr:`crl`, else
@@ -167,6 +176,12 @@ class Settings(FrozenRecord):
         resolve_expiry_warning_days()
         resolve_metrics(self.metrics)
         resolve_sni_directories(self.sni)
+        try:
+            resolve_authorizer(self.authorize)
+        except ValueError as e:
+            if as_options and self.authorize is not None:
+                raise ValueError(f"argument --tls-spiffe-authorize: {e}") from e
+            raise
 
 
 class Waiting(FrozenRecord):
@@ -294,6 +309,7 @@ def check_at_start(
     try:
         settings.check()
         files = settings.with_crl(files)
+        recipe = authorized(recipe, resolve_authorizer(settings.authorize))
         snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, recipe, password))
     except (ReloadError, ValueError) as e:  # ValueError: a bad setting
         raise CannotServe(f"cannot serve TLS: {e}") from e
@@ -338,11 +354,13 @@ def start_reloader(
     Raises:
         CannotServe: nothing can be served and this process may not wait (or a setting is bad).
     """
-    last_good = LastGood(store, recipe_for) if store is not None else None
     try:
         files = settings.with_crl(files)
+        authorizer = resolve_authorizer(settings.authorize)
     except ValueError as e:
         raise CannotServe(f"cannot serve TLS: {e}") from e
+    recipe, recipe_for = authorized(recipe, authorizer), authorized(recipe_for, authorizer)
+    last_good = LastGood(store, recipe_for) if store is not None else None
 
     def attempt() -> Reloader:
         return Reloader(
@@ -365,6 +383,10 @@ def start_reloader(
             raise CannotServe(f"cannot serve TLS: {e}") from e
         reloader = _wait(attempt, e, waiting)
     equip(reloader, settings, recipe_for, worker=waiting is not None)
+    if authorizer is not None and resolve_metrics(settings.metrics):
+        from tlsreload_plugins import metrics  # prometheus_client: only where metrics are on
+
+        metrics.observe_authorizer(authorizer, "server")
     return reloader
 
 

@@ -4,13 +4,17 @@ A daemon thread holds the Workload API's ``FetchX509SVID`` stream open (gRPC ove
 with ``grpcio`` alone: the request and the answers are bytes, decoded in
 :mod:`tlsreload_plugins.sources.workload_api`) and pushes every update into a
 :class:`~tlsreload_plugins.sources.pushed.PushedIdentity`: the SVID is the certificate and key, the trust domain's
-bundle the CA bundle (client certificates' on a server, servers' on a client). Everything downstream is the core
-reading files: an update becomes a reload, a malformed SVID is refused by the readers while the last good one
-keeps serving. A stream that goes away is reported once (WARNING, the socket named) and opened again with backoff,
-the files keeping the last identity written; its return is one INFO line.
+bundle the CA bundle (client certificates' on a server, servers' on a client), followed by the federated trust
+domains' bundles when asked for (``federation``). Everything downstream is the core reading files: an update becomes
+a reload, a bundle that changes (a federated one appearing, changing or going included) a trust change, a malformed
+SVID is refused by the readers while the last good one keeps serving. A stream that goes away is reported once
+(WARNING, the socket named) and opened again with backoff, the files keeping the last identity written; its return
+is one INFO line.
 
 In a server with workers, the source runs once, in the parent (gunicorn's arbiter, uvicorn's supervisor), before
 any worker starts: workers read the files and share the last good store like any others, and never open a stream.
+The source's figures (:meth:`SpiffeSource.status`) reach them the same way, as a small file beside the others
+(:mod:`tlsreload_plugins.sources.stream_status`), which their metrics read.
 """
 
 from __future__ import annotations
@@ -18,20 +22,24 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.sources.pushed import PushedIdentity
+from tlsreload_plugins.sources.stream_status import StreamFigures, write_figures
 from tlsreload_plugins.sources.workload_api import (
     ENDPOINT_ENV,
     FETCH_X509_SVID,
     METADATA,
     MalformedResponse,
+    PemIdentity,
     channel_target,
     choose,
+    federation_of,
 )
 
 if TYPE_CHECKING:  # grpcio is the [spiffe] extra: imported when a source starts, a missing extra one clear line
@@ -62,11 +70,15 @@ RETRY_MAX = 5.0
 """The longest wait between attempts to open the stream again."""
 
 
+_Figures = tuple[str, bool, str | None, int, int, int, int, float | None]
+"""The figures written for the other processes, less the time (:class:`~.stream_status.StreamFigures`)."""
+
+
 class NoSVID(RuntimeError):
     """No SVID came from the Workload API within the time given at start (nothing to serve)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SpiffeStatus:
     """What a :class:`SpiffeSource` did: whether its stream is open, the SPIFFE ID served, and its counters."""
 
@@ -81,6 +93,12 @@ class SpiffeStatus:
     """Messages not written: malformed, holding no SVID, none with the SPIFFE ID asked for, or the files could not
     be written."""
     last_error: str | None
+    reconnects: int = 0
+    """Times the stream was open again after a drop (each an INFO line, "is back")."""
+    not_after: float | None = None
+    """When the SVID last written expires, Unix time (``None``: its DER does not say; the readers refuse it)."""
+    federated: tuple[str, ...] = ()
+    """The federated trust domains whose bundles the CA bundle holds (sorted)."""
 
 
 def resolve_endpoint(socket: str | None) -> str:
@@ -108,12 +126,17 @@ class SpiffeSource:
         socket: the Workload API's address (``unix:///path``, a path, ``tcp://ip:port``), else
             ``$SPIFFE_ENDPOINT_SOCKET``.
         spiffe_id: serve the SVID with this SPIFFE ID (default: the first the Workload API sends, its default one).
+            A message without it is refused (not written, the ID named in the WARNING line).
+        federation: the federated trust domains whose bundles join the CA bundle, after the SVID's own: ``False``
+            (none, the default), ``True`` (every one the Workload API sends), or trust domains (``"other.org"`` or
+            ``"spiffe://other.org"``; one string is one domain). Peers of a domain asked for that the Workload API
+            does not send are refused: said once at WARNING, and once more (INFO) when its bundle comes.
         timeout: seconds to wait for the first SVID (default :data:`FIRST_SVID_TIMEOUT`).
         parent: where the files' private directory is made (see
             :class:`~tlsreload_plugins.sources.pushed.PushedIdentity`).
 
     Raises:
-        ValueError: no address, or not one SPIFFE allows.
+        ValueError: no address, or not one SPIFFE allows; a federation name that is not a trust domain's.
         ImportError: grpcio is not installed (``pip install 'tlsreload-plugins[spiffe]'``).
         NoSVID: no SVID came within ``timeout`` (the source is closed).
 
@@ -123,6 +146,8 @@ class SpiffeSource:
             files = source.files                          # certfile, keyfile, ca_certs (the bundle)
             with fresh_context(files.certfile, files.keyfile, ca_certs=files.ca_certs) as context:
                 serve(ssl_context=context)
+
+        SpiffeSource(federation=["spiffe://partner.org"])  # also trust partner.org's workloads
     """
 
     def __init__(
@@ -130,11 +155,13 @@ class SpiffeSource:
         socket: str | None = None,
         *,
         spiffe_id: str | None = None,
+        federation: bool | Collection[str] = False,
         timeout: float | None = None,
         parent: str | None = None,
     ) -> None:
         self.endpoint = resolve_endpoint(socket)
         self.spiffe_id = spiffe_id
+        self.federation = federation_of(federation)
         try:
             import grpc
         except ImportError as e:
@@ -149,9 +176,16 @@ class SpiffeSource:
         self._call: Any = None
         self._connected = False
         self._served: str | None = None
-        self._updates = self._drops = self._refused = 0
+        self._updates = self._drops = self._refused = self._reconnects = 0
+        self._not_after: float | None = None
+        self._federated: tuple[str, ...] = ()
         self._last_error: str | None = None
         self._refusal_logged: str | None = None
+        # The source's thread alone uses these: the trust domains asked for and not sent (None: no message written
+        # yet), and the figures last written for the other processes (None: to write at the next change).
+        self._missing: tuple[str, ...] | None = None
+        self._published: _Figures | None = None
+        self._publish_failure: str | None = None
         self._thread = threading.Thread(target=self._run, name="tlsreload-spiffe", daemon=True)
         self._thread.start()
         wait = FIRST_SVID_TIMEOUT if timeout is None else timeout
@@ -159,7 +193,10 @@ class SpiffeSource:
             reason = self._last_error or "no answer"
             self.close()
             raise NoSVID(f"no X.509 SVID from the Workload API at {self.endpoint} within {wait:g} s ({reason})")
-        log.info("serving the SVID of %s from the Workload API at %s", self._served, self.endpoint)
+        with self._lock:
+            federated = self._federated
+        trusting = f", trusting the federated bundles of {', '.join(federated)}" if federated else ""
+        log.info("serving the SVID of %s from the Workload API at %s%s", self._served, self.endpoint, trusting)
 
     @property
     def files(self) -> TLSFiles:
@@ -178,6 +215,9 @@ class SpiffeSource:
                 self._drops,
                 self._refused,
                 self._last_error,
+                self._reconnects,
+                self._not_after,
+                self._federated,
             )
 
     # -- the stream ---------------------------------------------------------------------------
@@ -221,19 +261,89 @@ class SpiffeSource:
         with self._lock:
             if not self._connected:
                 back, self._connected = self._drops > 0, True
+                self._reconnects += back
         if back:
             log.info("the Workload API at %s is back", self.endpoint)
         try:
-            identity = choose(message, self.spiffe_id)
+            identity = choose(message, self.spiffe_id, self.federation)
             changed = self.pushed.push(identity.cert, identity.key, identity.bundle)
         except (MalformedResponse, OSError) as e:  # OSError: the files could not be written (a full filesystem)
             self._refuse(f"{e}" if isinstance(e, MalformedResponse) else f"writing {self.pushed.directory}: {e}")
             return
         with self._lock:
+            federated_before = self._federated
             self._served = identity.spiffe_id
             self._updates += changed
+            self._not_after = identity.not_after
+            self._federated = identity.federated
             self._refusal_logged = None
+        self._say_federation(identity, federated_before)
+        self._publish()
         self._first.set()
+
+    def _say_federation(self, identity: PemIdentity, before: tuple[str, ...]) -> None:
+        """One line per change of the federated bundles written: a trust domain asked for that the Workload API
+        does not send (WARNING), one whose bundle comes (INFO); with ``federation=True``, the set that changed."""
+        missing_before, self._missing = self._missing, identity.missing
+        if self.federation is True:
+            if missing_before is not None and identity.federated != before:  # (the first is in the start line)
+                log.info(
+                    "the CA bundle from the Workload API at %s now holds the federated bundles of %s",
+                    self.endpoint,
+                    ", ".join(identity.federated) or "no other trust domain",
+                )
+            return
+        gone = sorted(set(identity.missing) - set(missing_before or ()))
+        came = sorted(set(missing_before or ()) - set(identity.missing))
+        if gone:
+            log.warning(
+                "the Workload API at %s sends no bundle for the federated trust domain%s %s: %s peers are refused "
+                "until it does",
+                self.endpoint,
+                "s" if len(gone) > 1 else "",
+                ", ".join(gone),
+                "their" if len(gone) > 1 else "its",
+            )
+        if came:
+            log.info(
+                "the Workload API at %s now sends the bundle of the federated trust domain%s %s: %s peers are trusted",
+                self.endpoint,
+                "s" if len(came) > 1 else "",
+                ", ".join(came),
+                "their" if len(came) > 1 else "its",
+            )
+
+    def _publish(self) -> None:
+        """Write the figures for the server's other processes (their metrics) when one changed since the last
+        written; a failure to write is said once per distinct problem and stops nothing."""
+        with self._lock:
+            figures: _Figures = (
+                self.endpoint,
+                self._connected,
+                self._served,
+                self._updates,
+                self._drops,
+                self._reconnects,
+                self._refused,
+                self._not_after,
+            )
+        if figures == self._published:
+            return
+        try:
+            write_figures(self.pushed.directory, StreamFigures(*figures, time.time()))
+        except OSError as e:
+            if self._stop.is_set():  # closing: the directory is going
+                return
+            problem = f"{e}"
+            if problem != self._publish_failure:
+                log.warning(
+                    "the figures of the Workload API stream at %s could not be written for the metrics: %s",
+                    self.endpoint,
+                    problem,
+                )
+                self._publish_failure = problem
+            return
+        self._published, self._publish_failure = figures, None
 
     def _refuse(self, problem: str) -> None:
         """A message not written: counted, and logged once until a message is written again."""
@@ -244,6 +354,7 @@ class SpiffeSource:
             first_time, self._refusal_logged = self._refusal_logged != problem, problem
         if first_time:
             log.warning("%s; the last identity keeps serving", reason)
+        self._publish()
 
     def _went_away(self, error: str) -> None:
         with self._lock:
@@ -256,6 +367,7 @@ class SpiffeSource:
                 self.endpoint,
                 error,
             )
+        self._publish()
 
     # -- stopping -----------------------------------------------------------------------------
 

@@ -14,16 +14,20 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
+
+from httpx_client import options
 
 from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.client.httpx import async_reloading_client
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: argparse.Namespace, async_reloading_client: Callable[..., Any]) -> None:
+    """GET ``args.url`` every ``args.every`` ms through one client made by ``async_reloading_client`` (httpx's glue,
+    or httpx2's)."""
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     identity = ClientIdentity(args.cert, args.key, cafile=args.cacert, interval=args.interval)
@@ -44,17 +48,9 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cert", required=True, help="client certificate (PEM, chain after it)")
-    parser.add_argument("--key", required=True, help="its private key (PEM)")
-    parser.add_argument("--cacert", required=True, help="CAs that the server's certificate is verified against")
-    parser.add_argument("--url", required=True, help="the URL to GET")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds to run")
-    parser.add_argument("--every", type=float, default=500.0, help="milliseconds between requests")
-    parser.add_argument("--interval", type=float, default=None, help="seconds between checks of the files")
-    # Its reloads and refusals on stderr, one line each; the answers on stdout.
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run(parser.parse_args()))
+    from tlsreload_plugins.client.httpx import async_reloading_client  # here: httpx2_async_client.py needs no httpx
+
+    asyncio.run(run(options(__doc__ or ""), async_reloading_client))
     return 0
 
 

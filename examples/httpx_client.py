@@ -19,13 +19,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.client.httpx import reloading_client
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def options(description: str) -> argparse.Namespace:
+    """The command line (examples/httpx2_client.py and the async examples take the same)."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--cert", required=True, help="client certificate (PEM, chain after it)")
     parser.add_argument("--key", required=True, help="its private key (PEM)")
     parser.add_argument("--cacert", required=True, help="CAs that the server's certificate is verified against")
@@ -36,7 +38,12 @@ def main() -> int:
     args = parser.parse_args()
     # Its reloads and refusals on stderr, one line each; the answers on stdout.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return args
 
+
+def run(args: argparse.Namespace, reloading_client: Callable[..., Any]) -> int:
+    """GET ``args.url`` every ``args.every`` ms through one client made by ``reloading_client`` (httpx's glue, or
+    httpx2's: the same names and arguments)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     identity = ClientIdentity(args.cert, args.key, cafile=args.cacert, interval=args.interval)
@@ -53,6 +60,12 @@ def main() -> int:
             print(json.dumps(line), flush=True)
             stop.wait(args.every / 1000)
     return 0
+
+
+def main() -> int:
+    from tlsreload_plugins.client.httpx import reloading_client  # here: httpx2_client.py runs without httpx
+
+    return run(options(__doc__ or ""), reloading_client)
 
 
 if __name__ == "__main__":

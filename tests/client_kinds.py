@@ -10,6 +10,7 @@ runs the example, and :class:`ClientRun` reads its answers (one JSON line per re
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trustme
 
 from tlstest import Pair, free_port, issue, run_server, wait_until
@@ -32,6 +34,8 @@ TESTS = ROOT / "tests"
 CLIENTS: dict[str, tuple[str, str]] = {
     "httpx": ("examples/httpx_client.py", "http"),
     "httpx-async": ("examples/httpx_async_client.py", "http"),
+    "httpx2": ("examples/httpx2_client.py", "http"),
+    "httpx2-async": ("examples/httpx2_async_client.py", "http"),
     "requests": ("examples/requests_client.py", "http"),
     "grpc": ("examples/grpc_client.py", "grpc"),
     "grpc-aio": ("examples/grpc_async_client.py", "grpc"),
@@ -41,6 +45,22 @@ CLIENTS: dict[str, tuple[str, str]] = {
 
 STOCK = ("tests/stock_client.py", "http")
 """httpx as users run it without us: the files loaded once."""
+
+HTTPX2 = importlib.util.find_spec("httpx2") is not None
+"""httpx2 installs on Python 3.11 and later only: its kinds are skipped where it is missing."""
+
+
+def needs(kind: str) -> pytest.MarkDecorator:
+    """What a test of ``kind`` needs: httpx2 for the httpx2 kinds (nothing for the others)."""
+    return pytest.mark.skipif(
+        kind.startswith("httpx2") and not HTTPX2, reason="httpx2 is not installed (it needs Python 3.11)"
+    )
+
+
+def kinds() -> list[Any]:
+    """Every kind of :data:`CLIENTS` as a test parameter, named by its kind and skipped where its library is
+    missing."""
+    return [pytest.param(kind, id=kind, marks=needs(kind)) for kind in CLIENTS]
 
 
 @dataclass

@@ -2,12 +2,12 @@
 files as they are then) and once through our one line around a :class:`ClientIdentity` whose files rotate mid-run:
 both must end the same. Where they differ, ours is wrong.
 
-Each scenario below is written once, over a small adapter per client kind (httpx, httpx-async, requests, aiohttp,
-grpc, grpc-aio) that makes the STOCK client or OURS and says what a request came to: an outcome that both must share
-(``("ok", status, redirects, body)`` with the serial in the body replaced by ``SERIAL``, or ``("error", type)``, and
-for gRPC the status code), never the serial itself: after a rotation the stock client goes on presenting the old
-certificate, ours the new one. The client's files rotate during every scenario (``Here.rotate``: for stock they
-rotate too, it just doesn't notice). A scenario that does not apply to a kind is not generated for it.
+Each scenario below is written once, over a small adapter per client kind (httpx, httpx-async, requests, aiohttp, grpc,
+grpc-aio; httpx2 and httpx2-async through httpx's) that makes the STOCK client or OURS and says what a request came to:
+an outcome that both must share (``("ok", status, redirects, body)`` with the serial in the body replaced by ``SERIAL``,
+or ``("error", type)``, and for gRPC the status code), never the serial itself: after a rotation the stock client goes
+on presenting the old certificate, ours the new one. The client's files rotate during every scenario (``Here.rotate``:
+for stock they rotate too, it just doesn't notice). A scenario that does not apply to a kind is not generated for it.
 
 Against the mTLS servers of tests/mtls_servers.py (one HTTP and one gRPC server for the module) and, for proxies, the
 CONNECT proxy of tests/connect_proxy.py. The async kinds run on an event loop of their own in a thread (a portal),
@@ -17,6 +17,7 @@ so that each scenario is one plain function; the rotation's check runs in the te
 from __future__ import annotations
 
 import asyncio
+import importlib
 import re
 import ssl
 import threading
@@ -29,22 +30,15 @@ from typing import Any, TypeVar
 import aiohttp
 import grpc
 import grpc.aio
-import httpx
 import pytest
 import requests
 from requests.adapters import HTTPAdapter
 
-from client_kinds import serve
+from client_kinds import needs, serve
 from client_local import Here, clear_client_environment, local_world
 from connect_proxy import ConnectProxy
 from tlsreload_plugins.client.aiohttp import ReloadingConnector
 from tlsreload_plugins.client.grpc import AsyncReloadingChannel, ReloadingChannel
-from tlsreload_plugins.client.httpx import (
-    AsyncReloadingTransport,
-    ReloadingTransport,
-    async_reloading_client,
-    reloading_client,
-)
 from tlsreload_plugins.client.requests import ReloadingAdapter
 from tlstest import KubeletLayout, issue
 
@@ -52,7 +46,7 @@ T = TypeVar("T")
 Outcome = tuple[Any, ...]
 
 SIDES = ("stock", "ours")
-HTTP_KINDS = ("httpx", "httpx-async", "requests", "aiohttp")
+HTTP_KINDS = ("httpx", "httpx-async", "httpx2", "httpx2-async", "requests", "aiohttp")
 GRPC_KINDS = ("grpc", "grpc-aio")
 KINDS = HTTP_KINDS + GRPC_KINDS
 ENVIRONMENT = "environment"
@@ -139,7 +133,7 @@ class Run:
     def __init__(self, kind: str, side: str, here: Here, root: Path, env: pytest.MonkeyPatch) -> None:
         self.kind, self.side, self.here, self.root, self.env = kind, side, here, root, env
         self.identity = here.identity()
-        self.portal = Portal() if kind in ("httpx-async", "aiohttp", "grpc-aio") else None
+        self.portal = Portal() if kind in ("httpx-async", "httpx2-async", "aiohttp", "grpc-aio") else None
         self.clients: list[Any] = []
         self.gates: list[Path] = []
 
@@ -201,23 +195,32 @@ def proxy_option(proxy: str | None) -> str | None:
     return None if proxy in (None, ENVIRONMENT) else proxy
 
 
+def httpx_library(kind: str) -> tuple[Any, Any]:
+    """The library of an httpx kind (``httpx``, ``httpx2``, sync or async) and our glue for it, imported when asked:
+    httpx2 installs on Python 3.11 and later only."""
+    name = kind.split("-")[0]
+    return importlib.import_module(name), importlib.import_module(f"tlsreload_plugins.client.{name}")
+
+
 class HttpxClient:
     """``httpx.Client(verify=context)``; ours ``httpx.Client(transport=ReloadingTransport(identity))``, or with a
-    proxy (given, or from the environment) ``reloading_client(identity, proxy=...)``."""
+    proxy (given, or from the environment) ``reloading_client(identity, proxy=...)``. httpx2 the same way, with its
+    glue."""
 
     def __init__(self, r: Run, limit: int | None = None, proxy: str | None = None, intercept: bool = False) -> None:
         self.r = r
-        limits = {"limits": httpx.Limits(max_connections=limit)} if limit else {}
+        self.library, glue = httpx_library(r.kind)
+        limits = {"limits": self.library.Limits(max_connections=limit)} if limit else {}
         proxies = {"proxy": proxy_option(proxy)} if proxy_option(proxy) else {}
         if r.stock:
-            self.client = httpx.Client(verify=r.stock_context(), **limits, **proxies)
+            self.client = self.library.Client(verify=r.stock_context(), **limits, **proxies)
         elif proxy is None:
-            self.client = httpx.Client(transport=ReloadingTransport(r.identity, **limits))
+            self.client = self.library.Client(transport=glue.ReloadingTransport(r.identity, **limits))
         else:
-            self.client = reloading_client(r.identity, **limits, **proxies)
+            self.client = glue.reloading_client(r.identity, **limits, **proxies)
 
     def get(self, path: str = "/", read: float = TIMEOUT) -> Outcome:
-        timeout = httpx.Timeout(TIMEOUT, read=read)
+        timeout = self.library.Timeout(TIMEOUT, read=read)
         return answered(self.client.get(self.r.url(path), timeout=timeout, follow_redirects=True))
 
     def held(self, gate: Path, read: float = TIMEOUT) -> Outcome:
@@ -236,26 +239,28 @@ class HttpxClient:
 
 
 class HttpxAsyncClient:
-    """:class:`HttpxClient` for ``httpx.AsyncClient`` (``AsyncReloadingTransport``, ``async_reloading_client``)."""
+    """:class:`HttpxClient` for ``httpx.AsyncClient`` (``AsyncReloadingTransport``, ``async_reloading_client``) and
+    ``httpx2.AsyncClient``."""
 
     def __init__(self, r: Run, limit: int | None = None, proxy: str | None = None, intercept: bool = False) -> None:
         self.r = r
         assert r.portal is not None
         self.portal = r.portal
-        limits = {"limits": httpx.Limits(max_connections=limit)} if limit else {}
+        self.library, glue = httpx_library(r.kind)
+        limits = {"limits": self.library.Limits(max_connections=limit)} if limit else {}
         proxies = {"proxy": proxy_option(proxy)} if proxy_option(proxy) else {}
 
         async def make() -> Any:
             if r.stock:
-                return httpx.AsyncClient(verify=r.stock_context(), **limits, **proxies)
+                return self.library.AsyncClient(verify=r.stock_context(), **limits, **proxies)
             if proxy is None:
-                return httpx.AsyncClient(transport=AsyncReloadingTransport(r.identity, **limits))
-            return async_reloading_client(r.identity, **limits, **proxies)
+                return self.library.AsyncClient(transport=glue.AsyncReloadingTransport(r.identity, **limits))
+            return glue.async_reloading_client(r.identity, **limits, **proxies)
 
         self.client = self.portal.run(make())
 
     def get(self, path: str = "/", read: float = TIMEOUT) -> Outcome:
-        timeout = httpx.Timeout(TIMEOUT, read=read)
+        timeout = self.library.Timeout(TIMEOUT, read=read)
 
         async def get() -> Outcome:
             return answered(await self.client.get(self.r.url(path), timeout=timeout, follow_redirects=True))
@@ -516,6 +521,8 @@ class GrpcAioClient:
 ADAPTERS: dict[str, Callable[..., Any]] = {
     "httpx": HttpxClient,
     "httpx-async": HttpxAsyncClient,
+    "httpx2": HttpxClient,
+    "httpx2-async": HttpxAsyncClient,
     "requests": RequestsClient,
     "aiohttp": AiohttpClient,
     "grpc": GrpcClient,
@@ -661,7 +668,11 @@ SCENARIOS: dict[str, tuple[Callable[[Run], Outcome], tuple[str, ...]]] = {
     "intercepted": (intercepted, GRPC_KINDS),
 }
 
-PAIRS = [pytest.param(kind, name, id=f"{kind}-{name}") for name, (_, kinds) in SCENARIOS.items() for kind in kinds]
+PAIRS = [
+    pytest.param(kind, name, id=f"{kind}-{name}", marks=needs(kind))
+    for name, (_, kinds) in SCENARIOS.items()
+    for kind in kinds
+]
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from client_kinds import CLIENTS, STOCK, ClientRun, World, replace, serve, start
+from client_kinds import CLIENTS, STOCK, ClientRun, World, kinds, replace, serve, start
 from hostile import leaf_for_key, load_key_on_disk
 from tlsreload_plugins.sources import PushedIdentity
 from tlstest import CertbotLayout, KubeletLayout, Pair, issue, wait_until
@@ -116,7 +116,7 @@ def rotate(run: ClientRun, files: ClientFiles, pair: Pair) -> None:
     assert not later, f"requests after the first with {pair.serial} presented another: {later[:3]}\n{run.output()}"
 
 
-@pytest.mark.parametrize("world", list(CLIENTS), indirect=True, ids=list(CLIENTS))
+@pytest.mark.parametrize("world", kinds(), indirect=True)
 @pytest.mark.parametrize("layout", ["kubelet", "certbot", "pushed"])
 def test_rotations_reach_the_server(world: World, layout: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     kind = request.node.callspec.params["world"]
@@ -150,7 +150,7 @@ def _past(days: int) -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=days)
 
 
-@pytest.mark.parametrize("world", list(CLIENTS), indirect=True, ids=list(CLIENTS))
+@pytest.mark.parametrize("world", kinds(), indirect=True)
 def test_hostile_files_are_never_presented(world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     kind = request.node.callspec.params["world"]
     good = issue(world.client_ca)
@@ -173,7 +173,7 @@ def test_hostile_files_are_never_presented(world: World, request: pytest.Fixture
     assert run.terminate() <= 5.0
 
 
-@pytest.mark.parametrize("world", list(CLIENTS), indirect=True, ids=list(CLIENTS))
+@pytest.mark.parametrize("world", kinds(), indirect=True)
 def test_trust_changes_fail_no_request(world: World, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The server moves to another CA (the client's bundle S, then S+T, the server on T, then T alone), and the
     server's client CA changes (C, then C+D, the client on D, then D alone): no request fails."""

@@ -10,181 +10,42 @@ newest, and a replaced one is closed once the responses it carries are closed, a
 certificate, go with it. Each transport builds on a context of its own (:meth:`ClientIdentity.own_context
 <tlsreload_plugins.client.identity.ClientIdentity.own_context>`): httpcore sets its ALPN list on the context at
 every connection, and that must not reach another client of the same identity.
+
+What the transports do is written once in :mod:`tlsreload_plugins.client.httpx_transports`, shared with httpx2's
+glue (:mod:`tlsreload_plugins.client.httpx2`); this module puts it on httpx's classes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ipaddress
-import socket
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 from urllib.request import getproxies
 
-import anyio
 import httpx
 
-from tlsreload_plugins.client.identity import ClientIdentity, OwnContext
-from tlsreload_plugins.client.pools import Pools
+from tlsreload_plugins.client.httpx_transports import (
+    GLUE_NAMES,
+    AsyncReleasedStream,
+    AsyncReloading,
+    ReleasedStream,
+    SyncReloading,
+    client_options,
+)
+from tlsreload_plugins.client.identity import ClientIdentity
 
-__all__ = [
-    "AsyncReloadingTransport",
-    "ReloadingTransport",
-    "async_reloading_client",
-    "environment_proxies",
-    "reloading_client",
-]
-
-T = TypeVar("T")
-
-_SSL_OPTIONS = ("verify", "cert")
+__all__ = [*GLUE_NAMES]
 
 
-def _refuse_ssl_options(options: Mapping[str, Any]) -> None:
-    given = [name for name in _SSL_OPTIONS if name in options]
-    if given:
-        raise TypeError(f"{' and '.join(given)} come from the ClientIdentity: give them to it")
+class _Released(ReleasedStream, httpx.SyncByteStream):
+    """A response's body through :class:`ReloadingTransport`: httpx takes no body but its own kind."""
 
 
-def _cut_reason(retire_after: float | None) -> str:
-    return (
-        f"the connection was closed {retire_after or 0:g} s after its client certificate was replaced "
-        "(retire_after): the response was still being read"
-    )
-
-
-class _Streams:
-    """The responses in flight through each transport (their bodies not closed yet), and the transports cut: what a
-    cut reaches. A cut shuts each response's socket down (from any thread: ``shutdown`` wakes a reader blocked on it,
-    in a thread or on an event loop) and lets the reader fail as httpx fails on a connection closed under it; the
-    transport itself is closed once those responses are closed, never under a reader. Without ``retire_after``
-    nothing is ever cut, and nothing is kept (``tracking`` off: a request costs no lock here)."""
-
-    def __init__(self, tracking: bool) -> None:
-        self.tracking = tracking
-        self._lock = threading.Lock()
-        self._open: dict[object, set[_Body]] = {}
-        self._cut: set[object] = set()
-
-    def add(self, transport: object, body: _Body) -> None:
-        if not self.tracking:
-            return
-        with self._lock:
-            cut = transport in self._cut
-            if not cut:
-                self._open.setdefault(transport, set()).add(body)
-        if cut:  # its transport was cut while the request waited for its headers
-            body.cut()
-
-    def discard(self, transport: object, body: _Body) -> None:
-        if not self.tracking:
-            return
-        with self._lock:
-            bodies = self._open.get(transport)
-            if bodies is not None:
-                bodies.discard(body)
-                if not bodies:
-                    del self._open[transport]
-
-    def cut(self, transports: list[T]) -> None:
-        with self._lock:
-            self._cut.update(transports)
-            bodies = [body for transport in transports for body in self._open.pop(transport, ())]
-        for body in bodies:
-            body.cut()
-
-    def closed(self, transports: list[T]) -> None:
-        if not self.tracking:
-            return
-        with self._lock:
-            self._cut.difference_update(transports)
-
-
-class _Body:
-    """What a response's body shares between its sync and async forms: its socket, whether it was cut, and saying
-    once that it is done."""
-
-    def __init__(self, response: httpx.Response, done: Callable[[], Any], reason: str) -> None:
-        self._stream: Any = response.extensions.get("network_stream")  # its socket is asked for at a cut only
-        self._done: Callable[[], Any] | None = done
-        self._reason = reason
-        self.was_cut = False
-
-    def cut(self) -> None:
-        self.was_cut = True
-        sock = self._stream.get_extra_info("socket") if self._stream is not None else None
-        # A socket already closed says so (EBADF): nothing left to cut.
-        with contextlib.suppress(OSError):
-            if isinstance(sock, socket.socket):
-                # socket.socket's own shutdown: an SSLSocket's would also drop its SSL object under the reader.
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            elif sock is not None:  # asyncio's TransportSocket (anyio's raw socket): shutdown is what it offers
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def translate(self, error: httpx.TransportError) -> httpx.TransportError:
-        """The error a read raises: httpx's own, or for a cut, a ``ReadError`` saying why."""
-        return httpx.ReadError(self._reason) if self.was_cut else error
-
-    def take_done(self) -> Callable[[], Any] | None:
-        done, self._done = self._done, None
-        return done
-
-
-class _Released(httpx.SyncByteStream):
-    """A response's body that says when it is closed (its request no longer holds its transport) and that can be
-    cut."""
-
-    def __init__(self, stream: httpx.SyncByteStream, body: _Body) -> None:
-        self._stream = stream
-        self.body = body
-
-    def __iter__(self) -> Iterator[bytes]:
-        try:
-            yield from self._stream
-        except httpx.TransportError as e:
-            translated = self.body.translate(e)
-            if translated is e:
-                raise
-            raise translated from e
-
-    def close(self) -> None:
-        try:
-            self._stream.close()
-        finally:
-            done = self.body.take_done()
-            if done is not None:
-                done()
-
-
-class _AsyncReleased(httpx.AsyncByteStream):
+class _AsyncReleased(AsyncReleasedStream, httpx.AsyncByteStream):
     """:class:`_Released` for ``httpx.AsyncClient``."""
 
-    def __init__(self, stream: httpx.AsyncByteStream, body: _Body) -> None:
-        self._stream = stream
-        self.body = body
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._stream:
-                yield chunk
-        except httpx.TransportError as e:
-            translated = self.body.translate(e)
-            if translated is e:
-                raise
-            raise translated from e
-
-    async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            done = self.body.take_done()
-            if done is not None:
-                await done()
-
-
-class ReloadingTransport(httpx.BaseTransport):
+class ReloadingTransport(SyncReloading, httpx.BaseTransport):
     """An ``httpx.Client`` transport presenting ``identity``'s newest client certificate and trusting its
     newest CA bundle.
 
@@ -209,56 +70,11 @@ class ReloadingTransport(httpx.BaseTransport):
             client.get("https://service.internal/")
     """
 
-    def __init__(self, identity: ClientIdentity, *, retire_after: float | None = None, **options: Any) -> None:
-        _refuse_ssl_options(options)
-        self.identity = identity
-        self._own = identity.own_context()
-        self._options = options
-        self._reason = _cut_reason(retire_after)
-        self._streams = _Streams(tracking=retire_after is not None)
-        self._pools: Pools[httpx.HTTPTransport] = Pools(self._make, retire_after)
-        self._pools.follow(identity, self._close_all, self._streams.cut)
-
-    def _make(self, generation: int) -> httpx.HTTPTransport:
-        return httpx.HTTPTransport(verify=self._own.context, **self._options)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        transport, to_close = self._pools.acquire(self._own.generation)
-        self._close_all(to_close)
-        try:
-            response = transport.handle_request(request)
-        except BaseException:
-            self._close_all(self._pools.release(transport))
-            raise
-        stream = response.stream
-        assert isinstance(stream, httpx.SyncByteStream)
-
-        def done() -> None:
-            self._streams.discard(transport, body)
-            self._close_all(self._pools.release(transport))
-
-        body = _Body(response, done, self._reason)
-        response.stream = _Released(stream, body)
-        self._streams.add(transport, body)
-        return response
-
-    def _close_all(self, transports: list[httpx.HTTPTransport]) -> None:
-        self._streams.closed(transports)
-        for transport in transports:
-            transport.close()
-
-    def close(self) -> None:
-        """Close every transport and their connections. As httpx's own transport, it still works after: the next
-        request connects again."""
-        self._close_all(self._pools.clear())
-
-    @property
-    def retired(self) -> int:
-        """Replaced transports not closed yet (responses still open on them)."""
-        return self._pools.retired
+    library = httpx
+    released = _Released
 
 
-class AsyncReloadingTransport(httpx.AsyncBaseTransport):
+class AsyncReloadingTransport(AsyncReloading, httpx.AsyncBaseTransport):
     """:class:`ReloadingTransport` for ``httpx.AsyncClient``. Replaced transports are closed on the event loop
     that made them (told from the checking thread with ``call_soon_threadsafe``, under asyncio; under trio at the
     next request). Its own context of the identity is built at its first request, on a worker thread.
@@ -270,94 +86,8 @@ class AsyncReloadingTransport(httpx.AsyncBaseTransport):
             await client.get("https://service.internal/")
     """
 
-    def __init__(self, identity: ClientIdentity, *, retire_after: float | None = None, **options: Any) -> None:
-        _refuse_ssl_options(options)
-        self.identity = identity
-        self._own: OwnContext | None = None  # built on a worker thread at the first request: never on the loop
-        self._options = options
-        self._reason = _cut_reason(retire_after)
-        self._streams = _Streams(tracking=retire_after is not None)
-        self._pools: Pools[httpx.AsyncHTTPTransport] = Pools(self._make, retire_after)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._closing: set[asyncio.Task[None]] = set()
-        self._pending: list[httpx.AsyncHTTPTransport] = []
-        self._pending_lock = threading.Lock()  # the checking thread adds, the loop takes
-        self._pools.follow(identity, self._close_soon, self._streams.cut)
-
-    def _make(self, generation: int) -> httpx.AsyncHTTPTransport:
-        assert self._own is not None  # _own_context() came first
-        return httpx.AsyncHTTPTransport(verify=self._own.context, **self._options)
-
-    async def _own_context(self) -> OwnContext:
-        """This transport's own context of the identity, made at its first request on a worker thread: building
-        one reads its CA bundle (the system's takes tens of milliseconds), which must not stall the event loop."""
-        own = self._own
-        if own is None:
-            made = await anyio.to_thread.run_sync(self.identity.own_context)
-            own = self._own = self._own or made  # two first requests at once: one context kept
-        return own
-
-    def _close_soon(self, transports: list[httpx.AsyncHTTPTransport]) -> None:
-        """From the checking thread: close ``transports`` on their loop (else at the next request)."""
-        if not transports:
-            return
-        loop = self._loop
-        try:
-            if loop is None or loop.is_closed():
-                raise RuntimeError("no loop")
-            loop.call_soon_threadsafe(self._close_on_loop, transports)
-        except RuntimeError:  # no asyncio loop (trio), or it closed meanwhile: at the next request
-            with self._pending_lock:
-                self._pending.extend(transports)
-
-    def _take_pending(self) -> list[httpx.AsyncHTTPTransport]:
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
-        return pending
-
-    def _close_on_loop(self, transports: list[httpx.AsyncHTTPTransport]) -> None:
-        task = asyncio.get_running_loop().create_task(self._aclose_all(transports))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def _aclose_all(self, transports: list[httpx.AsyncHTTPTransport]) -> None:
-        self._streams.closed(transports)
-        for transport in transports:
-            await transport.aclose()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self._loop is None:
-            with contextlib.suppress(RuntimeError):  # trio: replaced transports are closed at requests
-                self._loop = asyncio.get_running_loop()
-        own = self._own or await self._own_context()
-        pending = self._take_pending()
-        transport, to_close = self._pools.acquire(own.generation)
-        await self._aclose_all([*pending, *to_close])
-        try:
-            response = await transport.handle_async_request(request)
-        except BaseException:
-            await self._aclose_all(self._pools.release(transport))
-            raise
-        stream = response.stream
-        assert isinstance(stream, httpx.AsyncByteStream)
-
-        async def done() -> None:
-            self._streams.discard(transport, body)
-            await self._aclose_all(self._pools.release(transport))
-
-        body = _Body(response, done, self._reason)
-        response.stream = _AsyncReleased(stream, body)
-        self._streams.add(transport, body)
-        return response
-
-    async def aclose(self) -> None:
-        """Close every transport and their connections. As httpx's own transport, it still works after."""
-        await self._aclose_all([*self._take_pending(), *self._pools.clear()])
-
-    @property
-    def retired(self) -> int:
-        """Replaced transports not closed yet (responses still open on them)."""
-        return self._pools.retired
+    library = httpx
+    released = _AsyncReleased
 
 
 # -- clients made as httpx makes its own ---------------------------------------------------------------------------
@@ -406,44 +136,6 @@ def _is_address(host: str, kind: type[ipaddress.IPv4Address] | type[ipaddress.IP
     return True
 
 
-def _proxy_patterns(proxy: Any, trust_env: bool) -> dict[str, Any]:
-    if proxy is not None:
-        return {"all://": proxy}
-    return environment_proxies() if trust_env else {}
-
-
-_TRANSPORT_OPTIONS = ("http1", "http2", "limits")
-"""What ``httpx.Client`` hands its own transports: given to ours."""
-
-
-def _client_options(
-    identity: ClientIdentity,
-    transport_class: type[ReloadingTransport] | type[AsyncReloadingTransport],
-    proxy: Any,
-    mounts: Mapping[str, Any] | None,
-    trust_env: bool,
-    retire_after: float | None,
-    options: dict[str, Any],
-) -> dict[str, Any]:
-    """What ``httpx.Client`` (``AsyncClient``) is given so that it routes as it would route its own: our transport
-    for direct requests, one more per proxy (the environment's where none is given), ``None`` where ``NO_PROXY``
-    sends a request direct, the caller's mounts over them."""
-    _refuse_ssl_options(options)
-    if "transport" in options:
-        raise TypeError(f"transport: the client makes its own ({transport_class.__name__}); mount others with mounts=")
-    wanted = {name: options.pop(name) for name in _TRANSPORT_OPTIONS if name in options}
-
-    def transport(**extra: Any) -> Any:
-        return transport_class(identity, retire_after=retire_after, trust_env=trust_env, **wanted, **extra)
-
-    routes: dict[str, Any] = {
-        pattern: None if address is None else transport(proxy=address)
-        for pattern, address in _proxy_patterns(proxy, trust_env).items()
-    }
-    routes.update(mounts or {})
-    return {"transport": transport(), "mounts": routes, "trust_env": trust_env, **wanted, **options}
-
-
 def reloading_client(
     identity: ClientIdentity,
     *,
@@ -477,9 +169,8 @@ def reloading_client(
         with reloading_client(identity, http2=True, timeout=5.0) as client:
             client.get("https://service.internal/")
     """
-    return httpx.Client(
-        **_client_options(identity, ReloadingTransport, proxy, mounts, trust_env, retire_after, options)
-    )
+    given: dict[str, Any] = {"proxy": proxy, "mounts": mounts, "trust_env": trust_env, "retire_after": retire_after}
+    return httpx.Client(**client_options(identity, ReloadingTransport, environment_proxies, **given, **options))
 
 
 def async_reloading_client(
@@ -498,5 +189,6 @@ def async_reloading_client(
         async with async_reloading_client(identity) as client:
             await client.get("https://service.internal/")
     """
-    options = _client_options(identity, AsyncReloadingTransport, proxy, mounts, trust_env, retire_after, options)
-    return httpx.AsyncClient(**options)
+    given: dict[str, Any] = {"proxy": proxy, "mounts": mounts, "trust_env": trust_env, "retire_after": retire_after}
+    made = client_options(identity, AsyncReloadingTransport, environment_proxies, **given, **options)
+    return httpx.AsyncClient(**made)

@@ -42,8 +42,8 @@ from tlstest import (
     client_context,
     free_port,
     get,
-    handshake,
     issue,
+    request,
     wait_until,
     without_stock_blocks,
 )
@@ -128,11 +128,7 @@ def sanic_command(port: int, layout: Layout, *extra: str) -> list[str]:
 
 def ask_restart(port: int, ctx: ssl.SSLContext) -> int:
     """``GET /restart``: the worker that answers has Sanic restart it; returns its pid."""
-    with handshake(port, ctx) as tls:
-        tls.sendall(b"GET /restart HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        response = b""
-        while chunk := tls.recv(65536):
-            response += chunk
+    response = request(port, ctx, "/restart")
     match = re.search(rb"pid=(\d+) restarting", response)
     assert match, response
     return int(match.group(1))

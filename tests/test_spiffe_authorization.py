@@ -48,6 +48,7 @@ from tlstest import (
     free_port,
     handshake,
     replace_file,
+    request,
     run_server,
     serial_of,
     wait_until,
@@ -181,11 +182,7 @@ def test_a_server_refuses_clients_its_authorizer_does_not_accept_fresh_and_resum
 
 def refused_peers(port: int, ctx: ssl.SSLContext) -> float:
     """``tlsreload_unauthorized_peers_total{side="server"}`` in the /metrics of the worker that answers."""
-    with handshake(port, ctx) as tls:
-        tls.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        body = b""
-        while chunk := tls.recv(65536):
-            body += chunk
+    body = request(port, ctx, "/metrics")
     found = re.search(rb'(?m)^tlsreload_unauthorized_peers_total\{side="server"\} ([0-9.]+)$', body)
     return float(found.group(1)) if found else 0.0
 

@@ -148,6 +148,16 @@ def handshake(
         raise
 
 
+def request(port: int, ctx: ssl.SSLContext, path: str) -> bytes:
+    """``GET path`` on a new connection: the whole response, read to the end."""
+    with handshake(port, ctx) as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
+        response = b""
+        while chunk := tls.recv(65536):
+            response += chunk
+    return response
+
+
 def get(port: int, ctx: ssl.SSLContext, timeout: float = 10.0, server_name: str = "localhost") -> tuple[str, bytes]:
     """``GET /`` on a new connection sending ``server_name``: (serial of the leaf served, the whole response).
 

@@ -167,21 +167,21 @@ class Settings(FrozenRecord):
 
             Settings(options.tls_reload_interval, options.tls_sni, options.tls_metrics).check(as_options=True)
         """
-        try:
-            resolve_interval(self.interval)
-        except ValueError as e:
-            if as_options and self.interval is not None:
-                raise ValueError(f"argument --tls-reload-interval: {e}") from e
-            raise
+        _resolved("--tls-reload-interval", self.interval, resolve_interval, as_options)
         resolve_expiry_warning_days()
         resolve_metrics(self.metrics)
         resolve_sni_directories(self.sni)
-        try:
-            resolve_authorizer(self.authorize)
-        except ValueError as e:
-            if as_options and self.authorize is not None:
-                raise ValueError(f"argument --tls-spiffe-authorize: {e}") from e
-            raise
+        _resolved("--tls-spiffe-authorize", self.authorize, resolve_authorizer, as_options)
+
+
+def _resolved(option: str, value: T, resolve: Callable[[T], object], as_options: bool) -> None:
+    """``resolve(value)``; its ``ValueError`` names ``option`` when the value was a drop-in's option."""
+    try:
+        resolve(value)
+    except ValueError as e:
+        if as_options and value is not None:
+            raise ValueError(f"argument {option}: {e}") from e
+        raise
 
 
 class Waiting(FrozenRecord):

@@ -32,7 +32,19 @@ from tlsreload_plugins.sources.workload_api import (
     decode_response,
     der_certificates,
 )
-from tlstest import HOST, Hammer, Pair, client_context, free_port, get, handshake, run_server, serial_of, wait_until
+from tlstest import (
+    HOST,
+    Hammer,
+    Pair,
+    children,
+    client_context,
+    free_port,
+    get,
+    handshake,
+    run_server,
+    serial_of,
+    wait_until,
+)
 from workload_api_server import Svid, WorkloadAPI, encode_response, mint_svid
 
 TESTS = Path(__file__).parent
@@ -342,3 +354,40 @@ def test_tlsreload_uvicorn_refuses_spiffe_with_files_and_without_a_socket(tmp_pa
     )
     assert nowhere.returncode == 3, nowhere.stderr
     assert "cannot serve TLS from SPIFFE: no Workload API socket" in nowhere.stderr, nowhere.stderr
+
+
+def test_gunicorn_s_arbiter_runs_no_thread_and_a_source_process_that_goes_away_is_said_and_brought_back(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    """The stream is followed by a child process of the arbiter, which keeps one thread (it forks the workers);
+    that process killed with SIGKILL is said by each worker at its next check, the last SVID serving on; a HUP starts
+    another (sweeping the directory the killed one left) and the workers serve what it writes."""
+    api = WorkloadAPI(tmp_path)
+    svid = mint_svid(ca, "web", "localhost")
+    api.send([svid])
+    ctx = client_context(ca)
+    port = free_port()
+    paths = [str(TESTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL}
+    env.update(TLSRELOAD_SPIFFE="1", SPIFFE_ENDPOINT_SOCKET=api.endpoint)
+    args = ["-m", "gunicorn", "-c", "python:tlsreload_plugins.gunicorn_conf", "--bind", f"{HOST}:{port}"]
+    args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
+    with api, run_server(args, tmp_path / "gunicorn.log", port, env=env) as server:
+        wait_until(lambda: served(port, ctx) == serial_of(svid.chain), DEADLINE, what="serving")
+        arbiter = server.proc.pid
+        assert os.listdir(f"/proc/{arbiter}/task") == [str(arbiter)], "the arbiter runs one thread"
+        sources = [pid for pid, command in children(arbiter).items() if "sources.source_process" in command]
+        assert len(sources) == 1, children(arbiter)
+        os.kill(sources[0], signal.SIGKILL)
+        gone = f"the SPIFFE source (process {sources[0]}, following the Workload API at {api.endpoint}) has gone"
+        wait_until(lambda: server.output().count(gone) == 2, DEADLINE, what="each worker saying the source is gone")
+        assert served(port, ctx) == serial_of(svid.chain)  # the last SVID serves on
+        server.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "has gone: starting another" in server.output(), DEADLINE, what="a new source process")
+        svid = mint_svid(ca, "web", "localhost")
+        api.send([svid])
+        wait_until(lambda: all(served(port, ctx) == serial_of(svid.chain) for _ in range(6)), DEADLINE, what="new")
+        assert os.listdir(f"/proc/{arbiter}/task") == [str(arbiter)]
+        output = server.output()
+    assert output.count(gone) == 2, output  # once per worker, not at every check
+    assert "skipping fork() handlers" not in output, output  # no gRPC thread in the process that forks

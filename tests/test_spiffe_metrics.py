@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,17 @@ from tlsreload_plugins.sources.stream_status import (
     read_figures,
     write_figures,
 )
-from tlstest import HOST, client_context, free_port, issue, run_server, serial_of, served_serial, wait_until
+from tlstest import (
+    HOST,
+    children,
+    client_context,
+    free_port,
+    issue,
+    run_server,
+    serial_of,
+    served_serial,
+    wait_until,
+)
 from workload_api_server import Svid, WorkloadAPI, mint_svid
 
 TESTS = Path(__file__).parent
@@ -126,7 +137,18 @@ def test_gunicorn_workers_serve_the_stream_s_drops_reconnects_refusals_and_the_s
         assert served_serial(port, ctx) == serial_of(svid.chain)
         assert server.proc.poll() is None, server.output()
         figures = scrape()
+
+        # The source's process killed: its last figures say connected, the workers' metrics say it is not.
+        os.kill(source_pid(server.proc.pid), signal.SIGKILL)
+        wait_until(shows(connected=0, refused=1), DEADLINE, what="the source gone")
     assert figures[DROPS] == figures[RECONNECTS] == figures[REFUSED] == 1 and figures[UPDATES] == 2, figures
+
+
+def source_pid(arbiter: int) -> int:
+    """The arbiter's child that runs the SPIFFE source."""
+    found = [pid for pid, command in children(arbiter).items() if "sources.source_process" in command]
+    assert len(found) == 1, children(arbiter)
+    return found[0]
 
 
 def test_figures_missing_or_garbage_change_nothing_and_other_files_have_no_stream_series(
@@ -179,7 +201,7 @@ def test_figures_missing_or_garbage_change_nothing_and_other_files_have_no_strea
         assert dropped[CONNECTED] == 0 and dropped[DROPS] == 1 and dropped[NOT_AFTER] == first[NOT_AFTER]
 
     # Figures round-trip; a reloader of files that are not a SPIFFE source's has no stream series.
-    written = StreamFigures("unix:///a.sock", False, None, 0, 0, 0, 0, None, 1.5)
+    written = StreamFigures("unix:///a.sock", False, None, 0, 0, 0, 0, None, 1.5, os.getpid())
     write_figures(str(tmp_path), written)
     assert read_figures(str(tmp_path / STATUS_NAME)) == written
     pair = issue(ca)

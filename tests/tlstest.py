@@ -467,6 +467,24 @@ def obey_file_modes() -> list[str]:
 # --- processes --------------------------------------------------------------------------------
 
 
+def children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid``, with their command lines."""
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid:
+            found[int(entry)] = command
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

@@ -434,11 +434,13 @@ class _Stream:
         Called by the checks: on the checking thread, or under gevent from the hub, whence the read goes to its
         pool of native threads (a read on the hub stalls every connection of the worker)."""
         from tlsreload_plugins.drivers import gevent_offload
-        from tlsreload_plugins.sources.stream_status import read_figures
+        from tlsreload_plugins.sources.stream_status import read_figures, source_gone
 
         offload: Any = gevent_offload()
         path = self.path
         figures = read_figures(path) if offload is None else offload(lambda: read_figures(path))
+        if figures is not None and source_gone(figures):  # its last figures say connected: it is not
+            figures = figures._replace(connected=False)
         if figures is None or figures == self.last:
             return
         families, endpoint = self.families, figures.endpoint

@@ -43,7 +43,7 @@ from tlsreload_plugins.serving.workers import reloaders_here as reloaders
 from tlsreload_plugins.settings import resolve_password, resolve_spiffe
 
 if TYPE_CHECKING:  # imported where SPIFFE is configured, not by every worker
-    from tlsreload_plugins.sources.spiffe import SpiffeSource
+    from tlsreload_plugins.sources.source_process import SourceProcess
 
 __all__ = ["add_reload", "reloaders", "worker_reloader"]
 
@@ -64,8 +64,12 @@ _last_good: SharedStore | None = None
 """The newest identity any worker served, shared by the arbiter and every worker (created before the first fork).
 Not the arbiter reading the files in a thread: a fork() while a thread is inside OpenSSL could leave locks held."""
 
-_spiffe: SpiffeSource | None = None
-"""The arbiter's SPIFFE source, when the identity comes from the Workload API (workers never open one)."""
+_spiffe: SourceProcess | None = None
+"""The arbiter's SPIFFE source process, when the identity comes from the Workload API (the arbiter runs no thread;
+workers never open a stream)."""
+
+_spiffe_again: Callable[[], SourceProcess] | None = None
+"""Starts another source process as the first was started: a HUP does when the first has gone."""
 
 chained_config: str | None = None
 """The configuration the drop-in applied besides itself (``./gunicorn.conf.py``, ...), for the start-up log."""
@@ -237,18 +241,28 @@ def _check_at_start(
 
 def _start_source(cfg: Any, spiffe: str, spiffe_id: str | None, federation: bool | list[str]) -> None:
     """Follow SPIFFE's Workload API in the arbiter (once, before any worker) and make its files gunicorn's."""
-    global _spiffe
+    global _spiffe, _spiffe_again
     given = [name for name in ("certfile", "keyfile", "ca_certs") if getattr(cfg, name)]
     if given:
         raise CannotServe(f"tls_spiffe takes the certificate, key and CA bundle from SPIFFE: drop {given[0]}")
-    from tlsreload_plugins.serving.spiffe import start_source  # its gRPC stream reader: only where SPIFFE is used
+    from tlsreload_plugins.serving.spiffe import start_source  # the source process: only where SPIFFE is used
 
-    _spiffe = _spiffe or start_source(spiffe, spiffe_id=spiffe_id, federation=federation)
+    _spiffe_again = functools.partial(start_source, spiffe, spiffe_id=spiffe_id, federation=federation)
+    _spiffe = _spiffe or _spiffe_again()
     _use_source(cfg)
 
 
 def _use_source(cfg: Any) -> None:
-    """Set gunicorn's ``certfile``, ``keyfile`` and ``ca_certs`` to the SPIFFE source's files."""
+    """Set gunicorn's ``certfile``, ``keyfile`` and ``ca_certs`` to the SPIFFE source's files (on a HUP, those of a
+    new source process if the first has gone)."""
+    global _spiffe
+    if _spiffe is not None and not _spiffe.alive() and _spiffe_again is not None:
+        log.warning("the SPIFFE source process %d has gone: starting another", _spiffe.pid)
+        _spiffe.close()
+        try:
+            _spiffe = _spiffe_again()
+        except CannotServe as e:
+            log.error("%s; the workers keep serving the last SVID until it expires", e)
     if _spiffe is not None:
         files = _spiffe.files
         for name, path in (("certfile", files.certfile), ("keyfile", files.keyfile), ("ca_certs", files.ca_certs)):

@@ -1,10 +1,12 @@
 """A server's identity from SPIFFE's Workload API, started the same way by every glue: :func:`start_source`.
 
-The glue starts the source once, in the process that starts the workers (gunicorn's arbiter, uvicorn's
-supervisor), before any worker: its files become the server's certificate, key and client-CA settings, and the
-workers take them (and the last good store) like any files. A worker therefore never starts before the first SVID
-arrived: the server does not start without one. The expiry warning needs no setting of its own: unless set, it is
-the last sixth of each certificate's lifetime (10 minutes of an hour's SVID).
+The glue starts the source once, from the process that starts the workers (gunicorn's arbiter, uvicorn's
+supervisor), before any worker, in a child process of its own
+(:class:`~tlsreload_plugins.sources.source_process.SourceProcess`: the process that forks workers runs no thread).
+Its files become the server's certificate, key and client-CA settings; the workers take them (and the last good
+store) like any files, and watch its figures (:mod:`tlsreload_plugins.sources.source_watch`). A worker therefore
+never starts before the first SVID arrived: the server does not start without one. The expiry warning needs no
+setting of its own: unless set, it is the last sixth of each certificate's lifetime (10 minutes of an hour's SVID).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from tlsreload_plugins.serving.start import CannotServe
-from tlsreload_plugins.sources.spiffe import NoSVID, SpiffeSource
+from tlsreload_plugins.sources.source_process import SourceProcess, SourceProcessFailed
+from tlsreload_plugins.sources.spiffe import resolve_endpoint
 
 __all__ = ["start_source"]
 
@@ -23,8 +26,9 @@ def start_source(
     spiffe_id: str | None = None,
     federation: bool | Collection[str] = False,
     timeout: float | None = None,
-) -> SpiffeSource:
-    """Start a :class:`~tlsreload_plugins.sources.spiffe.SpiffeSource` and wait for the first SVID.
+) -> SourceProcess:
+    """Start a :class:`~tlsreload_plugins.sources.spiffe.SpiffeSource` in a process of its own and wait for the
+    first SVID.
 
     Args:
         spiffe: the Workload API's address; ``""``: ``$SPIFFE_ENDPOINT_SOCKET``'s (as
@@ -34,7 +38,7 @@ def start_source(
         timeout: seconds to wait for the first SVID (default the source's).
 
     Returns:
-        The running source: hand its ``files`` to the server, close it when the server stops.
+        The running source process: hand its ``files`` to the server, close it when the server stops.
 
     Raises:
         CannotServe: no address, grpcio missing, or no SVID in time: one sentence naming the socket.
@@ -42,6 +46,7 @@ def start_source(
     Example: ``with exit_if_cannot_serve(3): source = start_source(resolve_spiffe(None) or "")``.
     """
     try:
-        return SpiffeSource(spiffe or None, spiffe_id=spiffe_id, federation=federation, timeout=timeout)
-    except (ValueError, ImportError, NoSVID) as e:
+        endpoint = resolve_endpoint(spiffe or None)  # a bad address is said at once, before a process starts
+        return SourceProcess(endpoint, spiffe_id=spiffe_id, federation=federation, timeout=timeout)
+    except (ValueError, SourceProcessFailed) as e:
         raise CannotServe(f"cannot serve TLS from SPIFFE: {e}") from None

@@ -34,6 +34,7 @@ from typing import NoReturn, TypeVar
 from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.errors import ReloadError
 from tlsreload_plugins.examine import Recipe, load_identity
+from tlsreload_plugins.expiry import SPIFFE_DIRECTORY
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.lastgood.last_good import LastGood, keep_all_valid, keep_newest_valid
@@ -419,6 +420,12 @@ def equip(reloader: Reloader, settings: Settings, recipe_for: RecipeFor, *, work
             metrics.observe(reloader)
     except ValueError as e:
         raise CannotServe(f"cannot serve TLS: {e}") from e
+    if SPIFFE_DIRECTORY in reloader.files.certfile:
+        from tlsreload_plugins.sources.source_watch import watching  # only where a SPIFFE source's files serve
+
+        watch = watching(reloader.files.certfile)
+        if watch is not None:
+            reloader.add_callbacks(on_check=watch)
     try:
         directories = resolve_sni_directories(settings.sni)
         if directories:

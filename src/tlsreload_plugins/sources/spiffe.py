@@ -330,7 +330,7 @@ class SpiffeSource:
         if figures == self._published:
             return
         try:
-            write_figures(self.pushed.directory, StreamFigures(*figures, time.time()))
+            write_figures(self.pushed.directory, StreamFigures(*figures, time.time(), os.getpid()))
         except OSError as e:
             if self._stop.is_set():  # closing: the directory is going
                 return

@@ -19,7 +19,15 @@ from typing import Any
 from tlsreload_plugins.expiry import SPIFFE_DIRECTORY
 from tlsreload_plugins.frozen import FrozenRecord
 
-__all__ = ["MAX_STATUS_BYTES", "STATUS_NAME", "StreamFigures", "figures_path", "read_figures", "write_figures"]
+__all__ = [
+    "MAX_STATUS_BYTES",
+    "STATUS_NAME",
+    "StreamFigures",
+    "figures_path",
+    "read_figures",
+    "source_gone",
+    "write_figures",
+]
 
 STATUS_NAME = "stream.json"
 """The figures' file, in a SPIFFE source's private directory (beside ``tls.crt``, ``tls.key`` and ``ca.crt``)."""
@@ -27,7 +35,7 @@ STATUS_NAME = "stream.json"
 MAX_STATUS_BYTES = 64 * 1024
 """The most read of a figures file: a larger one is malformed (the source writes a few hundred bytes)."""
 
-_INTS = ("updates", "drops", "reconnects", "refused")
+_INTS = ("updates", "drops", "reconnects", "refused", "pid")
 
 
 class StreamFigures(FrozenRecord):
@@ -43,9 +51,10 @@ class StreamFigures(FrozenRecord):
         refused: messages not written (malformed, no SVID, none with the SPIFFE ID asked for, files not written).
         not_after: when the SVID last written expires, Unix time (``None``: its DER does not say).
         written: when the figures were written, Unix time.
+        pid: the process that runs the source (and writes the figures): :func:`source_gone` looks at it.
 
     Example: ``StreamFigures("unix:///run/spire/agent.sock", True, "spiffe://example.org/web", 1, 0, 0, 0,
-    1767225600.0, time.time())``.
+    1767225600.0, time.time(), os.getpid())``.
     """
 
     _fields = (
@@ -58,6 +67,7 @@ class StreamFigures(FrozenRecord):
         "refused",
         "not_after",
         "written",
+        "pid",
     )
     __slots__ = _fields
     endpoint: str
@@ -69,6 +79,7 @@ class StreamFigures(FrozenRecord):
     refused: int
     not_after: float | None
     written: float
+    pid: int
 
     def __init__(
         self,
@@ -81,8 +92,9 @@ class StreamFigures(FrozenRecord):
         refused: int,
         not_after: float | None,
         written: float,
+        pid: int,
     ) -> None:
-        self._set(endpoint, connected, spiffe_id, updates, drops, reconnects, refused, not_after, written)
+        self._set(endpoint, connected, spiffe_id, updates, drops, reconnects, refused, not_after, written, pid)
 
 
 def figures_path(certfile: str) -> str | None:
@@ -161,4 +173,22 @@ def _figures(fields: Any) -> StreamFigures | None:
         fields["refused"],
         None if fields["not_after"] is None else float(fields["not_after"]),
         float(fields["written"]),
+        fields["pid"],
     )
+
+
+def source_gone(figures: StreamFigures) -> bool:
+    """Whether the process that ran the source of ``figures`` has gone (killed, crashed): no new SVID will come.
+    Quick (a signal 0, no I/O).
+
+    Example: ``source_gone(figures)`` is ``False`` while the source runs.
+    """
+    if figures.pid <= 0:
+        return True
+    try:
+        os.kill(figures.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process by that number: not ours, but alive
+        return False
+    return False

@@ -1,6 +1,9 @@
 """cheroot's ``wsgi.Server`` serving hostile_apps' WSGI app directly, with tlsreload's SSL adapter, for the shared
 matrix (server_kinds): ``python -m cheroot_apps --certfile C --keyfile K --port P [--ca-certs CA]``. One process;
-our lines go to stderr with their level (cheroot has no logger of its own)."""
+our lines go to stderr with their level (cheroot has no logger of its own).
+
+``--stock-cherrypy``: stock CherryPy instead (``server.ssl_module 'builtin'``, nothing of tlsreload_plugins
+imported), configured as ``examples/cheroot_app.py --cherrypy`` configures it, for the tests that compare with it."""
 
 from __future__ import annotations
 
@@ -15,8 +18,6 @@ import threading
 from cheroot import wsgi
 
 import hostile_apps
-from tlsreload_plugins.cheroot import ReloadingSSLAdapter
-from tlsreload_plugins.serving.start import CannotServe
 
 
 def leave(server: wsgi.Server) -> None:
@@ -33,6 +34,26 @@ def leave(server: wsgi.Server) -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def stock_cherrypy(options: argparse.Namespace) -> None:
+    import cherrypy
+
+    cherrypy.tree.graft(hostile_apps.wsgi, "/")
+    cherrypy.config.update(
+        {
+            "environment": "production",
+            "log.screen": True,
+            "server.socket_host": "127.0.0.1",
+            "server.socket_port": options.port,
+            "server.ssl_module": "builtin",
+            "server.ssl_certificate": options.certfile,
+            "server.ssl_private_key": options.keyfile,
+        }
+    )
+    cherrypy.engine.signals.subscribe()  # SIGTERM; SIGINT is KeyboardInterrupt in block()
+    cherrypy.engine.start()
+    cherrypy.engine.block()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--certfile", required=True)
@@ -40,7 +61,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ca-certs", help="require client certificates signed by this bundle (mutual TLS)")
     parser.add_argument("--crl", help="CRLs for the CAs of --ca-certs")
+    parser.add_argument("--stock-cherrypy", action="store_true", help="stock CherryPy, cheroot's builtin adapter")
     options = parser.parse_args()
+    if options.stock_cherrypy:
+        stock_cherrypy(options)
+        return
+    from tlsreload_plugins.cheroot import ReloadingSSLAdapter
+    from tlsreload_plugins.serving.start import CannotServe
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     server = wsgi.Server(("127.0.0.1", options.port), hostile_apps.wsgi)
     try:

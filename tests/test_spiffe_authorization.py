@@ -9,13 +9,19 @@ the clients real TLS clients, their SVIDs minted per test by tests/workload_api_
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
+import secrets
+import socket
 import ssl
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -40,7 +46,8 @@ from tlsreload_plugins.authorization import (
     spiffe_id_of,
 )
 from tlsreload_plugins.client import ClientIdentity
-from tlsreload_plugins.resumption import Unauthorized
+from tlsreload_plugins.drivers import ThreadDriver
+from tlsreload_plugins.resumption import Unauthorized, authorizer_of
 from tlstest import (
     Pair,
     RenameEachLayout,
@@ -196,6 +203,185 @@ def test_grpc_server_credentials_refuse_an_authorizer_they_cannot_apply(
     monkeypatch.setenv(AUTHORIZE_ENV, "any")
     with pytest.raises(ValueError, match="gRPC's server makes its handshakes in its own TLS stack"):
         server_credentials(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+
+
+# --- the function-style glues' own Python entry points ----------------------------------------------
+
+
+Check = Callable[[ssl.SSLContext], None]
+
+
+def via_aiohttp(cert: str, key: str, bundle: str, check: Check) -> None:
+    from aiohttp import web
+
+    from tlsreload_plugins.aiohttp import reloading
+
+    app = web.Application()
+    context = reloading(app, cert, key, ca_certs=bundle, authorize=WEB)
+
+    async def run() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()  # enters the app's cleanup_ctx, whose first entry stops the checks on cleanup
+        try:
+            await asyncio.to_thread(check, context)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())
+
+
+def via_websockets(cert: str, key: str, bundle: str, check: Check) -> None:
+    from tlsreload_plugins.websockets import reloading_ssl
+
+    async def run() -> None:
+        async with reloading_ssl(cert, key, ca_certs=bundle, authorize=WEB) as context:
+            await asyncio.to_thread(check, context)
+
+    asyncio.run(run())
+
+
+def via_uvicorn(cert: str, key: str, bundle: str, check: Check) -> None:
+    import uvicorn
+
+    from tlsreload_plugins.uvicorn import reloading_certificates, reloading_ssl_context
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        pass
+
+    factory = functools.partial(reloading_ssl_context, authorize=WEB)
+    config = uvicorn.Config(app, ssl_certfile=cert, ssl_keyfile=key, ssl_ca_certs=bundle, ssl_context_factory=factory)
+    config.load()  # uvicorn calls the factory: no CERT_REQUIRED given, the authorizer requires client certificates
+    context = config.ssl
+    assert context is not None
+
+    async def run() -> None:
+        async with reloading_certificates():  # as the app's lifespan would: checks, then stops and unregisters
+            await asyncio.to_thread(check, context)
+
+    asyncio.run(run())
+
+
+def via_tornado(cert: str, key: str, bundle: str, check: Check) -> None:
+    from tlsreload_plugins.tornado import reloading_tls
+
+    tls = reloading_tls({"certfile": cert, "keyfile": key, "ca_certs": bundle}, authorize=WEB)  # no cert_reqs
+    try:
+        check(tls.context())
+    finally:
+        tls.close()
+
+
+def via_cheroot(cert: str, key: str, bundle: str, check: Check) -> None:
+    from tlsreload_plugins.cheroot import ReloadingSSLAdapter, reloaders
+
+    adapter = ReloadingSSLAdapter(cert, key, bundle, authorize=WEB)  # no verify mode set on its context
+    try:
+        assert adapter.reloader in reloaders() and adapter.context is adapter.reloader.context
+        check(adapter.context)
+    finally:
+        adapter.close()
+
+
+def via_sanic(cert: str, key: str, bundle: str, check: Check) -> None:
+    from sanic import Sanic
+
+    from tlsreload_plugins.sanic import ReloadingCertLoader, reload_certificates, reloaders
+    from tlsreload_plugins.serving import lifespan
+
+    app: Sanic[Any, Any] = Sanic(f"tlsreload_authorize_{secrets.token_hex(4)}")
+    try:
+        reload_certificates(app, authorize=WEB)
+        before = set(reloaders())
+        context = ReloadingCertLoader({"cert": cert, "key": key, "ca_certs": bundle}).load(app)  # as a worker does
+        (reloader,) = set(reloaders()) - before
+        try:
+            assert context is not None and context is reloader.context
+            check(context)
+        finally:
+            driver = lifespan.unregister(reloader)  # the worker's checking thread: the worker's exit would end it
+            assert isinstance(driver, ThreadDriver)
+            driver.stop()
+    finally:
+        Sanic.unregister_app(app)
+
+
+GLUES: dict[str, Callable[[str, str, str, Check], None]] = {
+    "aiohttp reloading": via_aiohttp,
+    "websockets reloading_ssl": via_websockets,
+    "uvicorn reloading_ssl_context": via_uvicorn,
+    "tornado reloading_tls": via_tornado,
+    "cheroot ReloadingSSLAdapter": via_cheroot,
+    "sanic reload_certificates": via_sanic,
+}
+
+
+def echo_once(context: ssl.SSLContext, client: ssl.SSLContext) -> tuple[bytes | None, BaseException | None]:
+    """One connection from ``client`` to a plain socket server in a thread serving ``context`` (accept,
+    ``wrap_socket(server_side=True)``, read, echo): what the client read back (``None``: its handshake or read
+    failed), and what the server's side raised."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(DEADLINE)
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError as e:
+            raised.append(e)
+            return
+        conn.settimeout(DEADLINE)
+        try:
+            with context.wrap_socket(conn, server_side=True) as tls:
+                tls.sendall(tls.recv(64))
+        except OSError as e:  # ssl.SSLError, Unauthorized among them
+            raised.append(e)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=serve, name="authorize-echo", daemon=True)
+    thread.start()
+    got: bytes | None
+    try:
+        with handshake(listener.getsockname()[1], client) as tls:
+            tls.sendall(b"ping")
+            got = tls.recv(64)
+    except OSError:
+        got = None
+    finally:
+        thread.join(DEADLINE)
+        listener.close()
+    assert not thread.is_alive()
+    return got, raised[0] if raised else None
+
+
+@pytest.mark.parametrize("glue", list(GLUES))
+def test_function_style_glues_take_authorize_from_python(
+    glue: str, ca: trustme.CA, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each glue's own entry point with ``authorize=``, on files (and a client-CA bundle, no verify mode asked
+    for): the context it hands its server has the authorizer and requires client certificates; a server on it
+    lets in the web SVID and refuses the batch one in the handshake."""
+    monkeypatch.delenv(AUTHORIZE_ENV, raising=False)  # the keyword alone
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    place_good(cert, key, ca)
+    svid_ca = trustme.CA()
+    bundle = tmp_path / "clients.pem"
+    bundle.write_bytes(svid_ca.cert_pem.bytes())
+    web, batch = svid_client(ca, svid_ca, "web"), svid_client(ca, svid_ca, "batch")
+    checked: list[ssl.SSLContext] = []
+
+    def check(context: ssl.SSLContext) -> None:
+        authorizer = authorizer_of(context)
+        assert authorizer is not None and authorizer.description == WEB, glue
+        assert context.verify_mode == ssl.CERT_REQUIRED, glue
+        assert echo_once(context, web) == (b"ping", None), glue
+        got, refused = echo_once(context, batch)
+        assert got != b"ping" and isinstance(refused, Unauthorized), (glue, got, refused)
+        assert f"{BATCH} is not authorized (accepted: {WEB})" in str(refused), refused
+        checked.append(context)
+
+    GLUES[glue](str(cert), str(key), str(bundle), check)
+    assert len(checked) == 1, "the glue never handed its context over"
 
 
 # --- clients --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.fresh import FreshContext, fresh_context, reloaders
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
@@ -51,6 +52,7 @@ def reloading(
     interval: float | None = None,
     recipe: RecipeFor | None = None,
     metrics: bool | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> ssl.SSLContext:
     """An :class:`ssl.SSLContext` for ``app`` that follows the certificate files for as long as ``app`` runs.
 
@@ -61,6 +63,7 @@ def reloading(
         certfile, keyfile, ca_certs, crl, password_file, sni, interval, recipe, metrics: as
             :func:`~tlsreload_plugins.fresh_context` (``ca_certs`` means mutual TLS: client certificates
             are required and verified against that bundle, reloaded like the pair).
+        authorize: who may connect, by SPIFFE ID (else ``$TLSRELOAD_SPIFFE_AUTHORIZE``): as ``fresh_context``.
 
     Returns:
         The context to give aiohttp, once: ``web.run_app(app, ssl_context=...)`` or ``web.TCPSite(...,
@@ -88,6 +91,7 @@ def reloading(
         interval=interval,
         recipe=recipe,
         metrics=metrics,
+        authorize=authorize,
     )
     app.cleanup_ctx.insert(0, _checking_while_the_app_runs(fresh))
     return fresh.context

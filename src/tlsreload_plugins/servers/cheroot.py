@@ -33,7 +33,7 @@ import logging
 import ssl
 import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 try:
@@ -44,6 +44,7 @@ except ImportError as e:  # one clear line rather than a traceback into this mod
         f"tlsreload_plugins.cheroot needs cheroot ({e}): pip install 'tlsreload-plugins[cherrypy]'"
     ) from e
 
+from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.reloader import Reloader
@@ -92,6 +93,7 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
         interval: seconds between checks (default ``$TLSRELOAD_INTERVAL``, else 1).
         sni: directories of more identities chosen by server name (default ``$TLSRELOAD_SNI``).
         metrics: export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off).
+        authorize: who may connect, by SPIFFE ID (else ``$TLSRELOAD_SPIFFE_AUTHORIZE``): as ``serving.Settings``.
 
     Raises:
         CannotServe: the files or settings cannot serve now (one line, also logged as an error).
@@ -117,6 +119,7 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
         interval: float | None = None,
         sni: Sequence[str] | str | None = None,
         metrics: bool | None = None,
+        authorize: Authorizer | Callable[[str], bool] | str | None = None,
     ) -> None:
         # What cheroot's Adapter.__init__ records; BuiltinSSLAdapter.__init__ would build a context we never use.
         self.certificate, self.private_key = certificate, private_key
@@ -132,7 +135,7 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
                 lambda: self._cheroot_context(files),
                 self._cheroot_context,
                 password=self._password,
-                settings=Settings(interval, sni, metrics, crl),
+                settings=Settings(interval, sni, metrics, crl, authorize),
             )
         except CannotServe as e:
             log.error("%s", e)

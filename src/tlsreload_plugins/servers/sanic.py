@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 try:
@@ -25,6 +25,7 @@ try:
 except ImportError as e:  # one clear line rather than a traceback into this module
     raise ImportError(f"tlsreload_plugins.sanic needs sanic ({e}): pip install 'tlsreload-plugins[sanic]'") from e
 
+from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import keep_fixed_settings
 from tlsreload_plugins.files import Password, TLSFiles, password_text
@@ -62,6 +63,7 @@ def reload_certificates(
     interval: float | None = None,
     sni: Sequence[str] | str | None = None,
     metrics: bool | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> None:
     """Make ``app``'s certificates follow their files in every worker: sets ``app.certloader_class`` and a
     ``main_process_start`` listener. Call it where the app is made. Each certificate's settings (a dict) may
@@ -74,6 +76,7 @@ def reload_certificates(
         sni: directories of more identities chosen by server name (default ``$TLSRELOAD_SNI``); not beside
             a list of certificates.
         metrics: export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off).
+        authorize: who may connect, by SPIFFE ID (else ``$TLSRELOAD_SPIFFE_AUTHORIZE``): as ``serving.Settings``.
 
     Example::
 
@@ -81,7 +84,7 @@ def reload_certificates(
         reload_certificates(app, interval=5)
         app.run(ssl={"cert": "tls.crt", "key": "tls.key"}, workers=4)
     """
-    _settings[app.name] = Settings(interval, sni, metrics)
+    _settings[app.name] = Settings(interval, sni, metrics, authorize=authorize)
     app.certloader_class = ReloadingCertLoader
     app.register_listener(_before_workers, "main_process_start")
 

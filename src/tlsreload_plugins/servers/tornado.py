@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
+from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.files import password_file as password_in_file
@@ -144,6 +145,7 @@ def reloading_tls(
     sni: Iterable[str] | str | None = None,
     interval: float | None = None,
     metrics: bool | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> ReloadingTLS:
     """Check Tornado's ``ssl_options`` files now and keep them for every process that serves.
 
@@ -160,6 +162,7 @@ def reloading_tls(
         sni: directories of more identities, chosen by server name (default ``$TLSRELOAD_SNI``).
         interval: seconds between checks, at least 0.1 (default ``$TLSRELOAD_INTERVAL``, else 1).
         metrics: export Prometheus metrics (default ``$TLSRELOAD_METRICS``, else off).
+        authorize: who may connect, by SPIFFE ID (else ``$TLSRELOAD_SPIFFE_AUTHORIZE``): as ``serving.Settings``.
 
     Returns:
         A :class:`ReloadingTLS`: ``context()`` in each serving process, ``close()`` when it stops.
@@ -189,7 +192,9 @@ def reloading_tls(
     )
     password = resolve_password(password_in_file(password_file) if password_file else None)
     recipe_for = _tornado_recipe(ssl_options, password)
-    settings = Settings(interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics, crl)
+    settings = Settings(
+        interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics, crl, authorize
+    )
     store = SharedStore()  # before the fork: every child shares it, and a restarted one reads it
     check_at_start(files, lambda: recipe_for(files), password, settings, store)
     tls = ReloadingTLS(files, recipe_for, password, settings, store)

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.serving import lifespan, logs
@@ -59,6 +60,7 @@ def reloading_ssl_context(
     sni: Sequence[str] | None = None,
     metrics: bool | None = None,
     crl: str | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> ssl.SSLContext:
     """``uvicorn.Config(ssl_context_factory=...)``: a context that follows the files on disk.
 
@@ -67,6 +69,7 @@ def reloading_ssl_context(
             the first line of ``$TLSRELOAD_KEY_PASSWORD_FILE``, read again on every reload).
         default_factory: uvicorn's own, the recipe. ``interval``, ``sni``, ``metrics``, ``crl`` (CRLs for the CAs of
             ``ssl_ca_certs``, else ``$TLSRELOAD_CRL``): see ``serving.Settings``.
+        authorize: who may connect, by SPIFFE ID (else ``$TLSRELOAD_SPIFFE_AUTHORIZE``): as ``serving.Settings``.
 
     Returns:
         The context, checked while the app's lifespan runs.
@@ -77,7 +80,7 @@ def reloading_ssl_context(
     Example: ``uvicorn.run("app:app", ssl_certfile=C, ssl_keyfile=K, ssl_context_factory=reloading_ssl_context)``;
     another interval: ``functools.partial(reloading_ssl_context, interval=5)`` (it pickles, as ``workers`` needs).
     """
-    return _context(config, default_factory, Settings(interval, sni, metrics, crl))
+    return _context(config, default_factory, Settings(interval, sni, metrics, crl, authorize))
 
 
 def _context(config: Any, factory: Recipe, settings: Settings, last_good: SharedStore | None = None) -> ssl.SSLContext:

@@ -22,8 +22,9 @@ import contextlib
 import functools
 import logging
 import ssl
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
+from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.fresh import fresh_context, reloaders
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 
@@ -44,6 +45,7 @@ async def reloading_ssl(
     interval: float | None = None,
     recipe: RecipeFor | None = None,
     metrics: bool | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> AsyncIterator[ssl.SSLContext]:
     """An :class:`ssl.SSLContext` that follows the certificate files while the ``async with`` block runs.
 
@@ -51,6 +53,7 @@ async def reloading_ssl(
         certfile, keyfile, ca_certs, crl, password_file, sni, interval, recipe, metrics: as
             :func:`~tlsreload_plugins.fresh_context` (``ca_certs`` means mutual TLS: client certificates
             are required and verified against that bundle, reloaded like the pair).
+        authorize: who may connect, by SPIFFE ID (else ``$TLSRELOAD_SPIFFE_AUTHORIZE``): as ``fresh_context``.
 
     Yields:
         The context to give the server once (``serve(..., ssl=context)``); it keeps serving the last
@@ -78,6 +81,7 @@ async def reloading_ssl(
         interval=interval,
         recipe=recipe,
         metrics=metrics,
+        authorize=authorize,
     )
     fresh = await loop.run_in_executor(None, make)
     try:

@@ -33,6 +33,7 @@ __all__ = [
     "reloaders",
     "reloading_certificates",
     "unchecked",
+    "unregister",
 ]
 
 log = logging.getLogger("tlsreload_plugins.lifespan")
@@ -63,6 +64,15 @@ def register(reloader: Reloader, driver: AsyncioDriver | TrioDriver | ThreadDriv
     """Register ``reloader`` (made where the server builds its context) for a lifespan to check; with the
     ``driver`` that checks it already, only to list it in :func:`reloaders`."""
     _drivers[reloader] = driver
+
+
+def unregister(reloader: Reloader) -> AsyncioDriver | TrioDriver | ThreadDriver | None:
+    """Forget ``reloader`` (no longer in :func:`reloaders`), for a process that stops serving it without exiting (an
+    application that rebuilds its server, the tests); returns the driver that checked it, for the caller to stop.
+
+    Example: ``driver = unregister(reloader)``, then ``driver.stop()`` for a thread driver.
+    """
+    return _drivers.pop(reloader, None)
 
 
 def reloaders() -> list[Reloader]:

@@ -2,8 +2,9 @@
 stock, same run.
 
 Issue 46: the README's test command on a loaded machine once saw CherryPy with ``server.ssl_module 'tlsreload'``
-not stop within 20 s of SIGINT, its log without "Bus STOPPING". Each trial starts a stock server (this file's
-``serve``: cheroot's builtin SSL adapter) and the plugin's (``examples/cheroot_app.py``, started as
+not stop within 20 s of SIGINT, its log without "Bus STOPPING". Each trial starts a stock server (the tests'
+stock CherryPy, ``tests/cheroot_apps.py --stock-cherrypy``, or with ``--way cheroot`` this file's ``serve``:
+cheroot's builtin SSL adapter) and the plugin's (``examples/cheroot_app.py``, started as
 tests/test_cheroot.py starts it) side by side on the same certificate files, with ``--hogs`` busy-loop processes
 beside them, sends both the same signal, and measures the seconds from the signal to the exit of each. The moments,
 in turn (``--moments``):
@@ -31,9 +32,9 @@ below it every hang, with the moment and CherryPy's phase at the signal, from it
     python benchmarks/stop_under_load.py --sigint ignored --hogs 0 --trials 6 --timeout 10
     python benchmarks/stop_under_load.py --way cheroot --moments start,served
 
-The stock servers (nothing of tlsreload_plugins imported)::
+The stock cheroot server (nothing of tlsreload_plugins imported)::
 
-    python benchmarks/stop_under_load.py serve [--way cheroot] --certfile C --keyfile K --port P
+    python benchmarks/stop_under_load.py serve --certfile C --keyfile K --port P
 """
 
 from __future__ import annotations
@@ -72,29 +73,10 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[byt
 
 
 def serve(options: argparse.Namespace) -> None:
-    """The example's server with cheroot's own builtin SSL adapter: CherryPy as ``--cherrypy`` configures it, or
-    cheroot's ``wsgi.Server`` with the example's way to stop (its ``stop_on_signals``, copied here so that nothing
-    of tlsreload_plugins is imported)."""
-    if options.way == "cheroot":
-        serve_cheroot(options)
-        return
-    import cherrypy
-
-    cherrypy.tree.graft(app, "/")
-    cherrypy.config.update(
-        {
-            "environment": "production",
-            "log.screen": True,
-            "server.socket_host": "127.0.0.1",
-            "server.socket_port": options.port,
-            "server.ssl_module": "builtin",
-            "server.ssl_certificate": options.certfile,
-            "server.ssl_private_key": options.keyfile,
-        }
-    )
-    cherrypy.engine.signals.subscribe()
-    cherrypy.engine.start()
-    cherrypy.engine.block()
+    """Stock cheroot's ``wsgi.Server`` with the example's way to stop (its ``stop_on_signals``, copied here so that
+    nothing of tlsreload_plugins is imported). Stock CherryPy is the tests' (``tests/cheroot_apps.py
+    --stock-cherrypy``), configured as the example's ``--cherrypy``."""
+    serve_cheroot(options)
 
 
 def serve_cheroot(options: argparse.Namespace) -> None:
@@ -208,8 +190,10 @@ def start_side(name: str, way: str, sigint: str, work: Path, number: int) -> Sid
     if name == "plugin":  # as tests/test_cheroot.py starts the example
         command = [sys.executable, str(EXAMPLE), *files, "--host", "127.0.0.1", "--interval", INTERVAL]
         command += ["--cherrypy"] if way == "cherrypy" else []
+    elif way == "cherrypy":  # the tests' stock CherryPy (tests/ is on the path below)
+        command = [sys.executable, "-m", "cheroot_apps", "--stock-cherrypy", *files]
     else:
-        command = [sys.executable, str(Path(__file__).resolve()), "serve", "--way", way, *files]
+        command = [sys.executable, str(Path(__file__).resolve()), "serve", *files]
     paths = [str(ROOT / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TLSRELOAD_INTERVAL": INTERVAL, "PYTHONPATH": os.pathsep.join(paths)}
     log_path = work / f"{number:03d}-{name}.log"
@@ -402,7 +386,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--certfile", required=True)
         parser.add_argument("--keyfile", required=True)
         parser.add_argument("--port", type=int, required=True)
-        parser.add_argument("--way", choices=("cherrypy", "cheroot"), default="cherrypy")
         serve(parser.parse_args(argv[1:]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

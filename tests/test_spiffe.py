@@ -36,7 +36,7 @@ from tlstest import (
     HOST,
     Hammer,
     Pair,
-    children,
+    child_running,
     client_context,
     free_port,
     get,
@@ -45,7 +45,7 @@ from tlstest import (
     serial_of,
     wait_until,
 )
-from workload_api_server import Svid, WorkloadAPI, encode_response, mint_svid
+from workload_api_server import Svid, WorkloadAPI, encode_response, gunicorn_on, mint_svid
 
 TESTS = Path(__file__).parent
 EXAMPLES = TESTS.parent / "examples"
@@ -300,20 +300,15 @@ def test_gunicorn_workers_on_svids_through_a_rotation_a_dropped_stream_and_a_hup
     api.send([svid])
     ctx = client_context(ca)
     port = free_port()
-    paths = [str(TESTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL}
-    if configured == "drop-in":
-        config = "python:tlsreload_plugins.gunicorn_conf"
-        env.update(TLSRELOAD_SPIFFE="1", SPIFFE_ENDPOINT_SOCKET=api.endpoint)
-    else:
-        config = str(tmp_path / "gunicorn.conf.py")
+    args, env = gunicorn_on(api, port, INTERVAL)
+    if configured == "own-config":  # its configuration names the socket: nothing from the environment
         (tmp_path / "gunicorn.conf.py").write_text(
             "from tlsreload_plugins.gunicorn import add_reload\n\n"
             f"tls_spiffe = {api.endpoint!r}\n\n"
             "add_reload(globals())\n"
         )
-    args = ["-m", "gunicorn", "-c", config, "--bind", f"{HOST}:{port}"]
-    args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
+        args[args.index("-c") + 1] = str(tmp_path / "gunicorn.conf.py")
+        del env["TLSRELOAD_SPIFFE"], env["SPIFFE_ENDPOINT_SOCKET"]
     with api, run_server(args, tmp_path / "gunicorn.log", port, env=env) as server:
         wait_until(lambda: served(port, ctx) == serial_of(svid.chain), DEADLINE, what="serving")
         with Hammer(port, ctx) as hammer:
@@ -367,19 +362,14 @@ def test_gunicorn_s_arbiter_runs_no_thread_and_a_source_process_that_goes_away_i
     api.send([svid])
     ctx = client_context(ca)
     port = free_port()
-    paths = [str(TESTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": INTERVAL}
-    env.update(TLSRELOAD_SPIFFE="1", SPIFFE_ENDPOINT_SOCKET=api.endpoint)
-    args = ["-m", "gunicorn", "-c", "python:tlsreload_plugins.gunicorn_conf", "--bind", f"{HOST}:{port}"]
-    args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
+    args, env = gunicorn_on(api, port, INTERVAL)
     with api, run_server(args, tmp_path / "gunicorn.log", port, env=env) as server:
         wait_until(lambda: served(port, ctx) == serial_of(svid.chain), DEADLINE, what="serving")
         arbiter = server.proc.pid
         assert os.listdir(f"/proc/{arbiter}/task") == [str(arbiter)], "the arbiter runs one thread"
-        sources = [pid for pid, command in children(arbiter).items() if "sources.source_process" in command]
-        assert len(sources) == 1, children(arbiter)
-        os.kill(sources[0], signal.SIGKILL)
-        gone = f"the SPIFFE source (process {sources[0]}, following the Workload API at {api.endpoint}) has gone"
+        source = child_running(arbiter, "sources.source_process")
+        os.kill(source, signal.SIGKILL)
+        gone = f"the SPIFFE source (process {source}, following the Workload API at {api.endpoint}) has gone"
         wait_until(lambda: server.output().count(gone) == 2, DEADLINE, what="each worker saying the source is gone")
         assert served(port, ctx) == serial_of(svid.chain)  # the last SVID serves on
         server.proc.send_signal(signal.SIGHUP)

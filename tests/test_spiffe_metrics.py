@@ -32,8 +32,7 @@ from tlsreload_plugins.sources.stream_status import (
     write_figures,
 )
 from tlstest import (
-    HOST,
-    children,
+    child_running,
     client_context,
     free_port,
     issue,
@@ -42,7 +41,7 @@ from tlstest import (
     served_serial,
     wait_until,
 )
-from workload_api_server import Svid, WorkloadAPI, mint_svid
+from workload_api_server import Svid, WorkloadAPI, gunicorn_on, mint_svid
 
 TESTS = Path(__file__).parent
 DEADLINE = 20.0
@@ -88,17 +87,7 @@ def test_gunicorn_workers_serve_the_stream_s_drops_reconnects_refusals_and_the_s
     multiproc_dir = tmp_path / "prometheus"
     multiproc_dir.mkdir()
     port = free_port()
-    paths = [str(TESTS), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    env = {
-        "PYTHONPATH": os.pathsep.join(paths),
-        "TLSRELOAD_INTERVAL": INTERVAL,
-        "TLSRELOAD_SPIFFE": "1",
-        "SPIFFE_ENDPOINT_SOCKET": api.endpoint,
-        "TLSRELOAD_METRICS": "1",
-        "PROMETHEUS_MULTIPROC_DIR": str(multiproc_dir),
-    }
-    args = ["-m", "gunicorn", "-c", "python:tlsreload_plugins.gunicorn_conf", "--bind", f"{HOST}:{port}"]
-    args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
+    args, env = gunicorn_on(api, port, INTERVAL, TLSRELOAD_METRICS="1", PROMETHEUS_MULTIPROC_DIR=str(multiproc_dir))
 
     def scrape() -> dict[str, float]:
         registry = CollectorRegistry()
@@ -139,16 +128,9 @@ def test_gunicorn_workers_serve_the_stream_s_drops_reconnects_refusals_and_the_s
         figures = scrape()
 
         # The source's process killed: its last figures say connected, the workers' metrics say it is not.
-        os.kill(source_pid(server.proc.pid), signal.SIGKILL)
+        os.kill(child_running(server.proc.pid, "sources.source_process"), signal.SIGKILL)
         wait_until(shows(connected=0, refused=1), DEADLINE, what="the source gone")
     assert figures[DROPS] == figures[RECONNECTS] == figures[REFUSED] == 1 and figures[UPDATES] == 2, figures
-
-
-def source_pid(arbiter: int) -> int:
-    """The arbiter's child that runs the SPIFFE source."""
-    found = [pid for pid, command in children(arbiter).items() if "sources.source_process" in command]
-    assert len(found) == 1, children(arbiter)
-    return found[0]
 
 
 def test_figures_missing_or_garbage_change_nothing_and_other_files_have_no_stream_series(

@@ -485,6 +485,13 @@ def children(pid: int) -> dict[int, str]:
     return found
 
 
+def child_running(parent: int, text: str) -> int:
+    """The pid of the one child of ``parent`` whose command line holds ``text``."""
+    found = [pid for pid, command in children(parent).items() if text in command]
+    assert len(found) == 1, children(parent)
+    return found[0]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

@@ -174,6 +174,18 @@ class WorkloadAPI:
         self.stop()
 
 
+def gunicorn_on(api: WorkloadAPI, port: int, interval: str, **env: str) -> tuple[list[str], dict[str, str]]:
+    """gunicorn's drop-in on ``api``'s SVIDs (``$TLSRELOAD_SPIFFE=1``, ``$SPIFFE_ENDPOINT_SOCKET``), two workers
+    serving tests/gunicorn_apps' WSGI app on 127.0.0.1:``port``: its command line (for ``run_server``) and
+    environment (tests/ importable, ``$TLSRELOAD_INTERVAL``, and ``env``)."""
+    paths = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    full = {"PYTHONPATH": os.pathsep.join(paths), "TLSRELOAD_INTERVAL": interval}
+    full.update(TLSRELOAD_SPIFFE="1", SPIFFE_ENDPOINT_SOCKET=api.endpoint, **env)
+    args = ["-m", "gunicorn", "-c", "python:tlsreload_plugins.gunicorn_conf", "--bind", f"127.0.0.1:{port}"]
+    args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
+    return args, full
+
+
 # --- the server --------------------------------------------------------------------------------------
 
 

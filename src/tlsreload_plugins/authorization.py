@@ -152,12 +152,13 @@ class Authorizer:
     def count_refusal(self, peer: Mapping[str, Any] | None, reason: str, where: str) -> None:
         """Count a refused handshake and say it once per peer ID (``where``: which side refused, for the line)."""
         spiffe_id = spiffe_id_of(peer) or "(no SPIFFE ID)"
-        with self._lock:
+        with self._lock:  # what to say is decided here, with the IDs said: two handshakes never both say one
             self.refused += 1
             first = spiffe_id not in self._said and len(self._said) <= SAID_UP_TO
             if first:
                 self._said.add(spiffe_id)
-        if first and len(self._said) > SAID_UP_TO:
+            past_the_bound = first and len(self._said) > SAID_UP_TO
+        if past_the_bound:
             log.info("%s refused more peers than the %d named so far: they are counted only", where, SAID_UP_TO)
         elif first:
             log.info("%s refused a TLS handshake: %s (said once per peer ID; counted)", where, reason)

@@ -60,7 +60,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.errors import ReloadError
@@ -433,12 +433,10 @@ class _Stream:
         """Read the figures and set the gauges; figures missing or malformed change nothing (the last values stay).
         Called by the checks: on the checking thread, or under gevent from the hub, whence the read goes to its
         pool of native threads (a read on the hub stalls every connection of the worker)."""
-        from tlsreload_plugins.drivers import gevent_offload
-        from tlsreload_plugins.sources.stream_status import read_figures, source_gone
+        from tlsreload_plugins.sources.source_watch import figures_now
+        from tlsreload_plugins.sources.stream_status import source_gone
 
-        offload: Any = gevent_offload()
-        path = self.path
-        figures = read_figures(path) if offload is None else offload(lambda: read_figures(path))
+        figures = figures_now(self.path)
         if figures is not None and source_gone(figures):  # its last figures say connected: it is not
             figures = figures._replace(connected=False)
         if figures is None or figures == self.last:

@@ -16,7 +16,7 @@ from tlsreload_plugins.drivers import gevent_offload
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.sources.stream_status import StreamFigures, figures_path, read_figures, source_gone
 
-__all__ = ["SourceWatch", "watching"]
+__all__ = ["SourceWatch", "figures_now", "watching"]
 
 log = logging.getLogger("tlsreload_plugins.sources.source_watch")
 
@@ -35,9 +35,7 @@ class SourceWatch:
     def __call__(self, outcome: Outcome, status: Status) -> None:
         if self.gone is not None:
             return
-        offload: Any = gevent_offload()  # under gevent a check runs on the hub: the read goes to its threads
-        path = self.path
-        figures = read_figures(path) if offload is None else offload(lambda: read_figures(path))
+        figures = figures_now(self.path)
         if figures is not None and source_gone(figures):
             self.gone = figures
             log.error(
@@ -48,6 +46,14 @@ class SourceWatch:
                 figures.endpoint,
                 figures.spiffe_id,
             )
+
+
+def figures_now(path: str) -> StreamFigures | None:
+    """The source's figures at ``path``, read from a check (:func:`~.stream_status.read_figures`): under gevent a
+    check runs on the hub, so the read goes to its pool of native threads (a read on the hub stalls every
+    connection of the worker)."""
+    offload: Any = gevent_offload()
+    return read_figures(path) if offload is None else offload(lambda: read_figures(path))
 
 
 def watching(certfile: str) -> SourceWatch | None:

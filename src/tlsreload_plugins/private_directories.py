@@ -19,7 +19,7 @@ import shutil
 import stat
 import tempfile
 
-__all__ = ["owner", "private_directory", "sweep"]
+__all__ = ["MEMORY_FILESYSTEMS", "memory_directory", "owner", "owner_alive", "private_directory", "sweep"]
 
 log = logging.getLogger("tlsreload_plugins")
 
@@ -54,6 +54,26 @@ def owner(pid: int | None = None) -> str:
     """
     pid = os.getpid() if pid is None else pid
     return f"{_namespace()}.{pid}.{_started(pid) or 0}"
+
+
+def owner_alive(named: str) -> bool:
+    """Whether the process :func:`owner` named ``named`` (``NAMESPACE.PID.START``) still runs: not when its pid is
+    gone, reused by a process that started at another time, or a zombie its parent has not reaped yet (what cannot
+    be told counts as alive). Quick: one read of ``/proc``.
+
+    Example: ``owner_alive(owner())`` is ``True``.
+    """
+    try:
+        namespace, pid, started = (int(part) for part in named.split("."))
+    except ValueError:
+        return False
+    if not _alive(namespace, pid, started):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
 
 
 def _alive(namespace: int, pid: int, started: int) -> bool:
@@ -140,3 +160,22 @@ def private_directory(kind: str, parent: str | None = None) -> str:
     parent = parent if parent is not None else tempfile.gettempdir()
     sweep(parent)
     return tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-{owner()}-", dir=parent)
+
+
+MEMORY_FILESYSTEMS = ("/dev/shm",)
+"""Where a directory of key material is made first: memory, never written to a disk."""
+
+
+def memory_directory() -> tuple[str | None, bool]:
+    """Where to make a private directory of key material: ``/dev/shm``, else ``$XDG_RUNTIME_DIR``, when writable.
+
+    Returns:
+        The directory and ``True``; else ``(None, False)``: the system's temporary directory, which may be on disk.
+
+    Example: ``parent, in_memory = memory_directory()``.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    for candidate in (*MEMORY_FILESYSTEMS, *((runtime,) if runtime else ())):
+        if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+            return candidate, True
+    return None, False

@@ -11,7 +11,6 @@ like a bad file: the last good identity keeps serving.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import logging
 import os
@@ -20,8 +19,9 @@ import tempfile
 import threading
 from types import TracebackType
 
+from tlsreload_plugins.atomic_swap import swap_in
 from tlsreload_plugins.files import TLSFiles
-from tlsreload_plugins.private_directories import private_directory
+from tlsreload_plugins.private_directories import memory_directory, private_directory
 
 __all__ = ["CA_NAME", "CERT_NAME", "KEY_NAME", "PushedIdentity", "memory_directory"]
 
@@ -33,27 +33,6 @@ KEY_NAME = "tls.key"
 """The key file's name."""
 CA_NAME = "ca.crt"
 """The CA bundle's name (present when the pushes carry one)."""
-
-DATA_LINK = "..data"
-"""The symlink whose one rename swaps every file at once (kubelet's name for it)."""
-
-MEMORY_FILESYSTEMS = ("/dev/shm",)
-"""Where a directory of key material is made first: memory, never written to a disk."""
-
-
-def memory_directory() -> tuple[str | None, bool]:
-    """Where to make a private directory of key material: ``/dev/shm``, else ``$XDG_RUNTIME_DIR``, when writable.
-
-    Returns:
-        The directory and ``True``; else ``(None, False)``: the system's temporary directory, which may be on disk.
-
-    Example: ``parent, in_memory = memory_directory()``.
-    """
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    for candidate in (*MEMORY_FILESYSTEMS, *((runtime,) if runtime else ())):
-        if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
-            return candidate, True
-    return None, False
 
 
 class PushedIdentity:
@@ -155,26 +134,9 @@ class PushedIdentity:
             return True
 
     def _swap_in(self, parts: tuple[bytes, bytes, bytes | None]) -> None:
-        """Write ``parts`` into a new directory, then point ``..data`` at it with one rename (kubelet's writer)."""
-        version = f"..{next(self._numbers)}"
-        target = os.path.join(self.directory, version)
-        os.mkdir(target, 0o700)
-        for name, data in zip((CERT_NAME, KEY_NAME, CA_NAME), parts, strict=True):
-            if data is not None:
-                _write_private(os.path.join(target, name), data)
-        link = os.path.join(self.directory, DATA_LINK)
-        old = os.readlink(link) if os.path.islink(link) else None
-        staged = os.path.join(self.directory, f"{DATA_LINK}_tmp")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(staged)
-        os.symlink(version, staged)
-        os.rename(staged, link)
-        for name, data in zip((CERT_NAME, KEY_NAME, CA_NAME), parts, strict=True):
-            path = os.path.join(self.directory, name)
-            if data is not None and not os.path.islink(path):
-                os.symlink(os.path.join(DATA_LINK, name), path)
-        if old is not None:
-            shutil.rmtree(os.path.join(self.directory, old), ignore_errors=True)
+        """Write ``parts`` into a new version and swap it in (:func:`~tlsreload_plugins.atomic_swap.swap_in`)."""
+        named = dict(zip((CERT_NAME, KEY_NAME, CA_NAME), parts, strict=True))
+        swap_in(self.directory, f"..{next(self._numbers)}", named)
 
     def close(self) -> None:
         """Remove the directory (the files with it). Idempotent; a server still configured with them keeps serving
@@ -194,10 +156,3 @@ class PushedIdentity:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to a new file only its owner can read (0600 from its creation, never wider)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -30,8 +29,8 @@ import threading
 import time
 from collections.abc import Collection
 from types import TracebackType
-from typing import IO, Any
 
+from tlsreload_plugins.child_answer import answer, say
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.sources.spiffe import FIRST_SVID_TIMEOUT, NoSVID, SpiffeSource
 
@@ -48,9 +47,6 @@ imported, on a loaded machine)."""
 
 STOP_WAIT = 5.0
 """Seconds :meth:`SourceProcess.close` gives the child to close its source before killing it."""
-
-LINE_BYTES = 64 * 1024
-"""The most the parent reads of the child's line (a few hundred bytes: paths or a sentence)."""
 
 
 class SourceProcessFailed(RuntimeError):
@@ -98,12 +94,12 @@ class SourceProcess:
         )
         self.pid = self._process.pid
         deadline = time.monotonic() + (FIRST_SVID_TIMEOUT if timeout is None else timeout) + START_MARGIN
-        answer = _line(self._process.stdout, deadline)
-        if answer is None or "certfile" not in answer:
+        said = answer(self._process.stdout, deadline)
+        if said is None or "certfile" not in said:
             self.close()
-            reason = answer.get("error") if answer else None
+            reason = said.get("error") if said else None
             raise SourceProcessFailed(str(reason or f"the source process {self.pid} said nothing in time"))
-        self.files = TLSFiles(str(answer["certfile"]), answer.get("keyfile"), answer.get("ca_certs"))
+        self.files = TLSFiles(str(said["certfile"]), said.get("keyfile"), said.get("ca_certs"))
 
     def alive(self) -> bool:
         """Whether the child still runs (a server that reaps every child, as gunicorn's arbiter does, makes it
@@ -132,27 +128,6 @@ class SourceProcess:
         self.close()
 
 
-def _line(stream: IO[bytes] | None, deadline: float) -> dict[str, Any] | None:
-    """The first line of ``stream`` as a JSON object, read until ``deadline`` (no thread: ``select``); ``None``
-    when none came in time, the stream ended first, or it is not one."""
-    if stream is None:
-        return None
-    data = b""
-    while b"\n" not in data and len(data) < LINE_BYTES:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([stream], [], [], left)[0]:
-            return None
-        chunk = os.read(stream.fileno(), LINE_BYTES)
-        if not chunk:
-            return None
-        data += chunk
-    try:
-        answer = json.loads(data.split(b"\n", 1)[0])
-    except ValueError:
-        return None
-    return answer if isinstance(answer, dict) else None
-
-
 # -- the child ---------------------------------------------------------------------------------
 
 
@@ -172,19 +147,14 @@ def main(argv: list[str] | None = None) -> int:
             timeout=settings["timeout"],
         )
     except (ValueError, ImportError, NoSVID) as e:
-        _say({"error": str(e)})
+        say({"error": str(e)})
         return 3
     with source:
         files = source.files
-        _say({"certfile": files.certfile, "keyfile": files.keyfile, "ca_certs": files.ca_certs})
+        say({"certfile": files.certfile, "keyfile": files.keyfile, "ca_certs": files.ca_certs})
         while not stop.wait(PARENT_POLL) and os.getppid() == parent:
             pass
     return 0
-
-
-def _say(answer: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(answer) + "\n")
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -50,8 +50,26 @@ WATCHED = (
 """Modules whose presence the ``*_modules`` apps report: what a worker model does not need must not be loaded."""
 
 
+OPENS_UNDER = os.environ.get("TLSTEST_OPENS_UNDER")
+"""A directory (the watched files'): the ``*_modules`` apps also count the opens of paths under it in their process,
+from the app's import on (before a gunicorn worker's ``post_worker_init``, which makes its reloader)."""
+opened: list[str] = []
+
+
+def _count_opens(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and OPENS_UNDER and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.fsdecode(args[0])
+        if path.startswith(OPENS_UNDER):
+            opened.append(path)
+
+
+if OPENS_UNDER:
+    sys.addaudithook(_count_opens)
+
+
 def modules_body() -> bytes:
-    return f"pid={os.getpid()} loaded={','.join(m for m in WATCHED if m in sys.modules)}".encode()
+    loaded = ",".join(m for m in WATCHED if m in sys.modules)
+    return f"pid={os.getpid()} loaded={loaded} opened={len(opened)}".encode()
 
 
 def wsgi_modules(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:

@@ -287,6 +287,54 @@ def test_a_serving_process_validates_in_a_child_and_never_loads_cryptography(
     assert "validated in this process" not in output and "Traceback" not in output, output
 
 
+def opened(port: int, ctx: ssl.SSLContext) -> tuple[str, int, int]:
+    """One request on a new connection: (serial served, worker pid, how many watched files it has opened)."""
+    serial, response = get(port, ctx)
+    match = re.search(rb"pid=(\d+) .* opened=(\d+)", response)
+    assert match, response
+    return serial, int(match.group(1)), int(match.group(2))
+
+
+@pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio"])
+def test_workers_never_open_a_watched_file(tmp_path: Path, ca: trustme.CA, server: str) -> None:
+    """Issue 46: the workers load only what the server's one reader published, never the watched files: at start,
+    after a rotation, while the files are broken and in a worker started meanwhile (gunicorn's). Counted by an audit
+    hook in each worker, which does count the files' opens in tlsreload-uvicorn's one process, which reads them."""
+    layout = KubeletLayout(tmp_path / "secret")
+    first, second = issue(ca), issue(ca)
+    layout.install(first)
+    ctx = client_context(ca)
+    env = {"PYTHONPATH": PYTHONPATH, "TLSRELOAD_INTERVAL": INTERVAL, "TLSTEST_OPENS_UNDER": str(layout.root)}
+    port = free_port()
+    one = one_serving_process("tlsreload-uvicorn", port, layout)
+    with run_server(one, tmp_path / "uvicorn.log", port, env=env, cwd=tmp_path):
+        wait_until(lambda: opened(port, ctx)[2] > 0, DEADLINE, what="the probe counting a process's own reads")
+    port = free_port()
+    seen: dict[int, int] = {}
+
+    def served(serial: str, workers: int) -> bool:
+        for _ in range(6):
+            answer, pid, count = opened(port, ctx)
+            if answer == serial:
+                seen[pid] = count
+        return len(seen) >= workers
+
+    with run_server(command(server, port, layout), tmp_path / "server.log", port, env=env, cwd=tmp_path) as running:
+        wait_until(lambda: served(first.serial, 2), DEADLINE, what="both workers")
+        layout.install(second)
+        seen.clear()
+        wait_until(lambda: served(second.serial, 2), DEADLINE, what="the rotation in both workers")
+        layout.write_raw(first.chain, second.key)
+        wait_until(lambda: "certificate reload failed" in running.output(), DEADLINE, what="the bad pair refused")
+        if server == "gunicorn-sync":  # a worker gunicorn starts now, while the files are broken
+            os.kill(next(iter(seen)), signal.SIGKILL)
+            before = set(seen)
+            wait_until(lambda: served(second.serial, 2) and seen.keys() - before, DEADLINE, what="a new worker")
+        output = running.output()
+    assert all(count == 0 for count in seen.values()), (seen, output)
+    assert server != "gunicorn-sync" or LAST_GOOD in output, output
+
+
 def every_worker_once(port: int, ctx: ssl.SSLContext, serial: str) -> dict[int, set[str]]:
     """Poll until a worker serves ``serial``; the modules it has loaded, by pid."""
     seen: dict[int, set[str]] = {}

@@ -437,7 +437,11 @@ def test_a_restarted_worker_with_nothing_valid_waits_and_leaves_cleanly(
     unverified = client_context(ca, check_hostname=False, verify_mode=ssl.CERT_NONE)
     with start(drop_in(port, layout, "--workers", "2", "--worker-class", worker_class), tmp_path, port) as server:
         wait_every_worker(port, unverified, expired.serial)
+        failed = len(lines_with(server.output(), FAILED))
         layout.write_raw(issue(ca).chain, expired.key)  # broken from now on
+        # Once the server's reader has found them broken: a worker started before then serves the expired identity
+        # the files held (as any start on them would), not the last good.
+        wait_until(lambda: len(lines_with(server.output(), FAILED)) > failed, DEADLINE, what="the broken pair said")
 
         def lines(text: str, count: int) -> bool:
             return len(lines_with(server.output(), text)) >= count

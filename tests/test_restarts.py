@@ -28,6 +28,7 @@ from test_sni_servers import make_sites
 from test_uvicorn import drop_in
 from test_uvicorn import start as start_uvicorn
 from tlstest import (
+    READER,
     Hammer,
     KubeletLayout,
     Pair,
@@ -39,8 +40,10 @@ from tlstest import (
     wait_until,
     without_stock_blocks,
 )
+from tlstest import children as tlstest_children
 
 LAST_GOOD = "serving the last good certificate this server served"
+FAILED = "certificate reload failed"
 DEADLINE = 30.0
 # A worker killed with SIGKILL drops the connections it holds at that moment: the client sees the
 # connection end, never a certificate it did not expect. Those are counted apart.
@@ -69,17 +72,9 @@ def without_stock_shutdown_errors(output: str) -> str:
 
 
 def children(pid: int) -> set[int]:
-    """The processes whose parent is ``pid`` (a gunicorn arbiter's workers, a uvicorn supervisor's children)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
+    """The workers of ``pid`` (a gunicorn arbiter's, a uvicorn supervisor's children): its child processes, but for
+    the server's reader of the files (:data:`tlstest.READER`)."""
+    return {child for child, command in tlstest_children(pid).items() if READER not in command}
 
 
 def serving_pids(port: int, ctx: ssl.SSLContext, want: int = 2) -> set[int]:
@@ -105,13 +100,22 @@ def assert_only(hammer: Hammer, serial: str) -> None:
 def break_and_recycle(
     server: Server, layout: KubeletLayout, last: Pair, breakage: Pair, recycle: Callable[[], None], ctx: ssl.SSLContext
 ) -> None:
-    """Put a mismatched pair on disk, then a missing key, recycling every worker under each while client
-    threads handshake; every handshake must get ``last``."""
+    """Put a mismatched pair on disk, then a missing key, recycling every worker under each once the problem is
+    reported (by the server's reader, in every worker) while client threads handshake; every handshake must get
+    ``last``."""
     port = server.port
+
+    def reported(before: int) -> None:
+        wait_until(lambda: server.output().count(FAILED) > before, DEADLINE, what="the broken files reported")
+
     with Hammer(port, ctx, threads=3) as hammer:
+        before = server.output().count(FAILED)
         layout.write_raw(breakage.chain, last.key)
+        reported(before)
         recycle()
+        before = server.output().count(FAILED)
         layout.write_files({"tls.crt": breakage.chain})  # the key is gone
+        reported(before)
         recycle()
         assert {fetch_through_drops(port, ctx) for _ in range(8)} == {last.serial}
     print(f"{recycle.__name__}: {hammer.successes} handshakes on the last good leaf, {len(hammer.failures)} dropped")
@@ -197,10 +201,7 @@ def test_uvicorn_children_killed_on_broken_files_serve_the_last_good(tmp_path: P
     with start_uvicorn(args, tmp_path, port) as server:
         serving_pids(port, ctx)
         layout.install(last)
-        wait_every_worker(port, ctx, last.serial)
-        # The supervisor finds the new pair on its own check (every interval): the files break only after that.
-        kept = f"started from now on get serial {last.serial}"
-        wait_until(lambda: kept in server.output(), DEADLINE, what="the supervisor to keep the new pair")
+        wait_every_worker(port, ctx, last.serial)  # served once the supervisor's reader has published it
         supervisor = server.proc.pid
 
         def kill_each() -> None:
@@ -360,7 +361,9 @@ def test_workers_restarted_while_an_sni_identity_is_broken_serve_its_last_good(
     tmp_path: Path, ca: trustme.CA, server: str
 ) -> None:
     """Every worker is replaced (SIGKILL; hypercorn: HUP) while SNI identity ``a``'s files hold a mismatched
-    pair: the new workers serve a's last good leaf for a.test, not the default one, and b's from its files."""
+    pair: the new workers serve a's last good leaf for a.test (as the server's reader published it), not the default
+    one, and b's. The reader says a's broken pair once, naming its key; the workers hold nothing per identity, so
+    none of them says anything about a."""
     sites = make_sites(tmp_path, ca)
     port = free_port()
     args, env, cwd = sni_command(server, port, sites, tmp_path)
@@ -377,9 +380,6 @@ def test_workers_restarted_while_an_sni_identity_is_broken_serve_its_last_good(
             return all(s == serial for s, _ in batch) and len(workers) >= 2
 
         wait_until(lambda: every_worker_on(a2.serial), DEADLINE, what="a2 served by every worker")
-        if server in ("tlsreload-uvicorn", "hypercorn"):  # their parent keeps the newest pair on its own check
-            kept = f"get serial {a2.serial} for SNI identity a"
-            wait_until(lambda: kept in running.output(), DEADLINE, what="the parent to keep a2")
         sites.layouts["a"].write_raw(a2.chain, issue(ca, "a.test").key)  # a's key no longer matches
         before = set(workers)
         if server == "hypercorn":  # hypercorn stops the whole server when a worker is killed
@@ -402,13 +402,15 @@ def test_workers_restarted_while_an_sni_identity_is_broken_serve_its_last_good(
         wait_until(lambda: _tolerating_drops(both_replaced), DEADLINE, what="two new workers serving a2")
         assert {fetch(port, ctx, server_name="b.test")[0] for _ in range(6)} == {sites.b.serial}
         assert {fetch(port, ctx, server_name="x.w.test")[0] for _ in range(6)} == {sites.exact.serial}
+        key = str(sites.layouts["a"].key_path)
+        wait_until(lambda: key in running.output(), DEADLINE, what="a's broken pair said")
         a3 = install(sites.layouts["a"], issue(ca, "a.test"))
         workers.clear()
         wait_until(lambda: every_worker_on(a3.serial), DEADLINE, what="a3 served by every new worker")
         assert running.proc.poll() is None, running.output()
         output = running.output()
-    assert output.count(LAST_GOOD) >= 2, output  # each new worker, for identity a
-    assert str(sites.layouts["a"].key_path) in output, output
+    said = [line for line in output.splitlines() if key in line and "reload failed" in line]
+    assert len(said) == 1, output
 
 
 def _tolerating_drops(check: Callable[[], bool]) -> bool:

@@ -123,7 +123,8 @@ def test_gunicorn_workers_serve_the_stream_s_drops_reconnects_refusals_and_the_s
 
         api.send_raw(b"\x0a\xff\xff")  # a malformed message: not written
         wait_until(shows(refused=1, connected=1, not_after=leaf_not_after(svid)), DEADLINE, what="the refusal")
-        assert served_serial(port, ctx) == serial_of(svid.chain)
+        # The new SVID reaches handshakes once the server's reader has published it (an interval after the file).
+        wait_until(lambda: served_serial(port, ctx) == serial_of(svid.chain), DEADLINE, what="the new SVID served")
         assert server.proc.poll() is None, server.output()
         figures = scrape()
 

@@ -467,6 +467,10 @@ def obey_file_modes() -> list[str]:
 # --- processes --------------------------------------------------------------------------------
 
 
+READER = "tlsreload_plugins.publication.reader"
+"""How the command line of a server's reader of the files (a child of the process that starts the workers) reads."""
+
+
 def children(pid: int) -> dict[int, str]:
     """The processes whose parent is ``pid``, with their command lines."""
     found: dict[int, str] = {}

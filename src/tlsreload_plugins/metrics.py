@@ -160,6 +160,7 @@ class _Families:
     not_after: Gauge
     last_success: Gauge
     crl_next_update: Gauge
+    reader_up: Gauge
 
 
 _lock = threading.RLock()
@@ -237,6 +238,14 @@ def _create(registry: CollectorRegistry | None) -> _Families:
             registry=target,
             multiprocess_mode=GAUGE_MULTIPROCESS_MODE,
         ),
+        reader_up=Gauge(
+            "tlsreload_reader_up",
+            "1 while the server's one reader of the files runs, 0 once it has gone (nothing new is served until it is "
+            "started again); only for servers with a reader.",
+            labels,
+            registry=target,
+            multiprocess_mode=GAUGE_MULTIPROCESS_MODE,
+        ),
     )
 
 
@@ -287,6 +296,11 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
         last_success = families.last_success.labels(certfile, identity)
         # Only for a reloader serving CRLs: a server without them shows no series.
         crl_next_update = families.crl_next_update.labels(certfile, identity) if reloader.files.crl else None
+        # Only for a serving process of a server with a reader: whether the reader is still there.
+        subscription = getattr(reloader, "subscription", None)
+        reader_up = families.reader_up.labels(certfile, identity) if subscription is not None else None
+        if reader_up is not None:
+            reader_up.set(1)
         # A SPIFFE source's stream: read at the checks only (this may run on an event loop), the first one sets it.
         stream = _stream_for(certfile, registry)
         status = reloader.status()
@@ -324,6 +338,8 @@ def observe(reloader: Observed, registry: CollectorRegistry | None = None, *, id
             refused = status.refused_resumptions
         if stream is not None:
             stream.update()
+        if reader_up is not None and subscription is not None:
+            reader_up.set(0 if subscription.gone_reader else 1)
 
     reloader.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
     return True

@@ -51,6 +51,7 @@ from tlsreload_plugins.outcome import (
     warn_unasked,
     warn_uncovered,
 )
+from tlsreload_plugins.publication.subscription import Subscription
 from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
 from tlsreload_plugins.settings import resolve_crl, resolve_expiry_warning_days, resolve_interval, resolve_password
 
@@ -189,6 +190,12 @@ class Reloader:
     failure naming one of them and the end of that failure, and warns of no CA without a CRL nor of the CRL's
     ``nextUpdate``; its :meth:`status` (and metrics) count those failures and reloads still.
 
+    ``subscription``: the server has a reader (:mod:`tlsreload_plugins.publication`), and this reloader, in one of its
+    serving processes, reads what the reader published instead of the files (which it only names): it opens none of
+    them and validates nothing, and the reader's refusal of the files is its failure too.
+
+    ``logger``: where its lines go (default ``tlsreload_plugins.reloader``).
+
     Safe to use from several threads and across ``fork()`` (the child gets fresh locks).
     """
 
@@ -212,6 +219,8 @@ class Reloader:
         read: Snapshot | None = None,
         verdict: Leaf | None = None,
         shares_trust: bool = False,
+        subscription: Subscription | None = None,
+        logger: logging.Logger | None = None,
     ) -> None:
         if shares_trust and on_demand is None:
             raise ValueError("shares_trust is for an on_demand reloader, whose owner reports its trust")
@@ -226,7 +235,7 @@ class Reloader:
         self._clock = clock
         # What the checks found, and the callbacks: calls decided under _lock, made after it is released (a
         # callback may read status(), as metrics do, without deadlocking the check).
-        self._record = Record(log, "certificate", "serving", clock())
+        self._record = Record(logger or log, "certificate", "serving", clock())
         self._record.add_callbacks(on_reload=on_reload, on_failure=on_failure, on_check=on_check)
         # _lock guards the state below, held for a few assignments only: status() never waits for file I/O.
         # _check_lock keeps checks one at a time (the ticker and reload_now).
@@ -234,6 +243,7 @@ class Reloader:
         self._check_lock = threading.Lock()
 
         self._last_good = last_good
+        self._subscription = subscription
         # At most 29 attributes in all: CPython shares one key table among instances of up to 30, and an
         # SNI server holds thousands of reloaders (a shared key table keeps each instance's dict small).
         # The context handed to the server, or what an on_demand reloader builds its contexts from.
@@ -249,7 +259,10 @@ class Reloader:
             snapshot, leaf, start_error = first_leaf(self.files, self.password, last_good, clock, read)
             demand.validated = snapshot
         else:
-            snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)
+            if subscription is not None:
+                snapshot, leaf, live, start_error = subscription.first(self.files, clock())
+            else:
+                snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)
             self._origin = live
             self._serving = (live, live.sni_callback)
             live.sni_callback = self._on_client_hello
@@ -267,7 +280,7 @@ class Reloader:
         self._route: Route | None = None
         self._warn_expiry(self._record.last_success)
         if self._reports_trust:
-            warn_uncovered(log, leaf, self.files, None)
+            warn_uncovered(self._record.log, leaf, self.files, None)
         _reloaders.add(self)
         if start_error is not None:
             self._started_from_last_good(start_error)
@@ -275,10 +288,10 @@ class Reloader:
     def _started_from_last_good(self, error: InvalidIdentity) -> None:
         served = f"serving the last good certificate this server served until they can: {self._leaf.describe()}"
         if isinstance(error, NotJudged):  # judged by the first check, which reports a refusal at once
-            log.info("%s; %s", error, served)
+            self._record.log.info("%s; %s", error, served)
             self._known_bad = _JUDGED_AT_FIRST_CHECK
             return
-        log.warning("the TLS files cannot be used (%s); %s", error, served)
+        self._record.log.warning("the TLS files cannot be used (%s); %s", error, served)
         self._record.last_error = str(error)
         self._record.failures = 1
         # The first checks will find the same problem: it has been reported just now.
@@ -359,6 +372,10 @@ class Reloader:
         Takes no lock the server's threads wait on and changes no state. Never raises.
         """
         try:
+            if self._subscription is not None:
+                return self._subscription.examine(
+                    self.files, now, served=self._fingerprint, live=self._live, in_use=self._in_use
+                )
             return examine_files(
                 self.files,
                 self.recipe,
@@ -371,7 +388,7 @@ class Reloader:
                 in_use=self._in_use,
             )
         except Exception as e:  # a bug or an error nobody foresaw: a reported failure, not a dead ticker
-            log.debug("unexpected error while checking %s", self.files.describe(), exc_info=True)
+            self._record.log.debug("unexpected error while checking %s", self.files.describe(), exc_info=True)
             error = NotServable(f"unexpected error while checking {self.files.describe()}: {type(e).__name__}: {e}")
             return Examined(fingerprint=None, error=error)
 
@@ -385,7 +402,7 @@ class Reloader:
         if self._record.checks == 1 and live is not None:
             # At the first check, not at start: a server may set its verify mode once the context is built
             # (cheroot's adapter is made, then its context told to require client certificates).
-            warn_unasked(log, self.files, live.verify_mode)
+            warn_unasked(self._record.log, self.files, live.verify_mode)
         if not self._hook_in_place():
             error = NotServable(
                 f"the server's SSL context no longer calls tlsreload's sni_callback (other code replaced it after "
@@ -416,11 +433,11 @@ class Reloader:
             or examined.leaf is None
             or examined.snapshot is None
         ):
-            log.debug("certificate files changed while being loaded; checking again")
+            self._record.log.debug("certificate files changed while being loaded; checking again")
             return Outcome.PENDING
         if examined.fixed_changes and examined.fixed_changes != self._fixed_warned:
             self._fixed_warned = examined.fixed_changes
-            log.warning(
+            self._record.log.warning(
                 "the rebuilt SSL context for %s sets %s; connections keep the settings the server started with "
                 "(protocol bounds, verify mode and options are fixed at start: restart to change them)",
                 self.files.certfile,
@@ -458,14 +475,14 @@ class Reloader:
         self._leaf = leaf
         self._warned = (None, None)
         if self._reports_trust:
-            warn_uncovered(log, leaf, self.files, old)
+            warn_uncovered(self._record.log, leaf, self.files, old)
         # The same certificate is reloaded when only its key file, the client-CA bundle or the CRL changed.
         change = (
             f"serial {leaf.serial} unchanged (a new key file, client-CA bundle or CRL)"
             if leaf.sha256 == old.sha256
             else f"serial {old.serial} -> {leaf.serial}"
         )
-        log.log(
+        self._record.log.log(
             level, "reloaded TLS certificate from %s: %s; now serving %s", self.files.certfile, change, leaf.describe()
         )
         self._succeeded(now)
@@ -477,11 +494,12 @@ class Reloader:
 
     def _warn_expiry(self, now: float) -> None:
         last_expiry, last_crl = self._warned
+        said = self._record.log
         self._warned = (
             warn_expiry(
-                log, self._leaf, self.files, now, self.expiry_warning_days, last_expiry, interval=self.interval
+                said, self._leaf, self.files, now, self.expiry_warning_days, last_expiry, interval=self.interval
             ),
-            warn_revocation(log, self._leaf, self.files, now, last_crl) if self._reports_trust else None,
+            warn_revocation(said, self._leaf, self.files, now, last_crl) if self._reports_trust else None,
         )
 
     @property
@@ -551,7 +569,9 @@ class Reloader:
             except Exception as e:  # an exotic socket wrapper: keep it on the old identity
                 if not self._switch_failed_logged:
                     self._switch_failed_logged = True
-                    log.error("cannot move a connection onto the new certificate (%s): %r", type(conn).__name__, e)
+                    self._record.log.error(
+                        "cannot move a connection onto the new certificate (%s): %r", type(conn).__name__, e
+                    )
                 if straddler:  # its full handshake would be verified against the old trust
                     return ssl.ALERT_DESCRIPTION_HANDSHAKE_FAILURE
                 newest, user_callback = live, None
@@ -565,7 +585,7 @@ class Reloader:
         with self._lock:
             first = self._record.refused_resumption()
         if first:
-            log.info(
+            self._record.log.info(
                 "refused a TLS session resumed from before the client-CA bundle or CRLs of %s changed, on a connection "
                 "accepted before: its client's next connection makes a full handshake against the new trust "
                 "(refusals are counted in status().refused_resumptions and metrics, not logged again)",
@@ -595,6 +615,11 @@ class Reloader:
     def leaf(self) -> Leaf:
         """The certificate new handshakes get."""
         return self._leaf
+
+    @property
+    def subscription(self) -> Subscription | None:
+        """The publication this reloader reads instead of its files (a serving process of a server with a reader)."""
+        return self._subscription
 
     @property
     def last_good(self) -> LastGood | None:

@@ -9,9 +9,10 @@ SPIFFE's Workload API, followed by the arbiter, its files gunicorn's ``certfile`
 Where the context is built: your ``ssl_context`` hook on gunicorn's default factory is the recipe; the hook then
 hands out the worker's reloading context (``sync`` and ``gthread`` ask per connection, the others once;
 ``UvicornWorker`` never asks: see :mod:`tlsreload_plugins.servers.gunicorn_worker_classes`).
-Worker lifecycle: forked. The arbiter checks the files in ``on_starting``, before it binds, into the last good store
-its workers share; each worker makes its reloader in ``post_worker_init`` (after gevent's patching) and stops it in
-``worker_exit``.
+Worker lifecycle: forked. The arbiter checks the files in ``on_starting``, before it binds, and starts the server's one
+reader of them (:mod:`tlsreload_plugins.publication`; again on HUP and before a worker starts, if it has gone); each
+worker makes its reloader on what the reader published in ``post_worker_init`` (after gevent's patching) and stops it
+in ``worker_exit``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
-from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES
 from tlsreload_plugins.serving import logs
@@ -60,7 +61,8 @@ SSLContextHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
 _building = Aside()
 """Set while a reload calls gunicorn's factory, so that our own hook hands it the user's context."""
 
-_last_good: SharedStore | None = None
+_reader: ReaderProcess | None = None
+"""The server's one reader of the files (a child process of the arbiter); the workers load what it publishes."""
 """The newest identity any worker served, shared by the arbiter and every worker (created before the first fork).
 Not the arbiter reading the files in a thread: a fork() while a thread is inside OpenSSL could leave locks held."""
 
@@ -145,6 +147,10 @@ def add_reload(
     if from_spiffe is not None:  # a HUP reads the configuration again: the SVID's files are set again before workers
         namespace["on_reload"] = before(lambda server: _use_source(server.cfg), namespace.get("on_reload"))
         namespace["on_exit"] = after(namespace.get("on_exit"), lambda server: _close_source())
+    # The reader: read again on HUP (the files may have moved), brought back before a worker starts if it has gone.
+    namespace["on_reload"] = after(namespace.get("on_reload"), lambda server: _read_again(server, settings))
+    namespace["pre_fork"] = before(lambda server, worker: _reader_back(), namespace.get("pre_fork"))
+    namespace["on_exit"] = after(namespace.get("on_exit"), lambda server: _close_reader())
     # Ours first: the user's hook can then reach the reloader through worker_reloader().
     namespace["post_worker_init"] = before(
         lambda worker: _start_worker(worker, user_ssl_context, settings), namespace.get("post_worker_init")
@@ -206,7 +212,7 @@ def _check_at_start(
     arbiter: Any, settings: Settings, spiffe: str | None, chosen: tuple[str | None, bool | str | Sequence[str] | None]
 ) -> None:
     """In the arbiter, before it binds: one error line and a halt when a setting or the files cannot serve."""
-    global _last_good
+    global _reader
     logs.share_handlers(getattr(arbiter.log, "error_log", None))
     if chained_config is not None:
         log.info("the drop-in configuration also applies %s, as gunicorn would without it", chained_config)
@@ -235,8 +241,10 @@ def _check_at_start(
                 "(the key may be in the certificate file, not the other way round)"
             )
         prepare_worker_class(cfg.worker_class, cfg.worker_class_str, WORKER_CLASSES)
-        _last_good = _last_good or SharedStore()
-        check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, _last_good, forks=True)
+        _close_reader()  # a configuration read again (the drop-in's on HUP) starts from the files it names
+        _reader = check_at_start(
+            _files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, None, reader=True
+        )
 
 
 def _start_source(cfg: Any, spiffe: str, spiffe_id: str | None, federation: bool | list[str]) -> None:
@@ -276,6 +284,39 @@ def _close_source() -> None:
         _spiffe = None
 
 
+def _read_again(arbiter: Any, settings: Settings) -> None:
+    """On HUP, in the arbiter: the reader of the files gunicorn's configuration names now (a new one when they
+    moved; the old one keeps publishing when the new files cannot serve)."""
+    global _reader
+    cfg = arbiter.cfg
+    if _reader is None or not cfg.is_ssl:
+        return
+    files = settings.with_crl(_files(cfg))
+    if files == _reader.files:
+        _reader_back()
+        return
+    try:
+        new = check_at_start(files, lambda: _context_of(cfg), resolve_password(None), settings, None, reader=True)
+    except CannotServe as e:
+        log.error("%s; the workers keep serving what the reader of %s published", e, _reader.files.describe())
+        return
+    _close_reader()
+    _reader = new
+
+
+def _reader_back() -> None:
+    """Start the reader again when it has gone (killed, crashed): before each worker starts."""
+    if _reader is not None:
+        _reader.again()
+
+
+def _close_reader() -> None:
+    global _reader
+    if _reader is not None:
+        _reader.close()
+        _reader = None
+
+
 def _files(cfg: Any) -> TLSFiles:
     return TLSFiles(cfg.certfile, cfg.keyfile, cfg.ca_certs)
 
@@ -288,8 +329,15 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
 
     def serve(recipe: Recipe, recipe_for: RecipeFor) -> Reloader:  # with nothing valid, waits (telling the arbiter)
         return serve_in_worker(
-            _files(cfg), recipe, recipe_for, settings=settings, store=_last_good, between=worker.notify, boot_error=3
-        )  # 3: gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
+            _files(cfg),
+            recipe,
+            recipe_for,
+            settings=settings,
+            store=None,
+            between=worker.notify,
+            boot_error=3,  # gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
+            publication=_reader.directory if _reader is not None else None,
+        )
 
     def serve_through_hook(recipe: Recipe, recipe_for: RecipeFor) -> Reloader:  # a worker class's own recipes
         return serve(

@@ -8,10 +8,10 @@
 Where the context is built: hypercorn calls ``create_ssl_context()`` once per worker, inside the worker's
 running loop; the recipe is hypercorn's own ``Config.create_ssl_context``, and the checks run from that
 loop (:func:`~tlsreload_plugins.drivers.check_from_running_loop`) until it ends. Worker lifecycle: spawned;
-the parent checks the files and keeps the newest valid identity in a
-:class:`~tlsreload_plugins.lastgood.SharedStore` on the ``Config``, which hypercorn passes to each worker
-it starts (start-up, SIGHUP, ``--reload``); a worker with nothing valid waits instead of exiting (on which
-hypercorn stops the whole server). HTTP/3 is refused: hypercorn hands aioquic the certificate *files* once.
+the parent checks the files and starts the server's one reader of them (:mod:`tlsreload_plugins.publication`),
+whose publication reaches each worker hypercorn starts (start-up, SIGHUP, ``--reload``) on the ``Config``; a worker
+with nothing valid waits instead of exiting (on which hypercorn stops the whole server). HTTP/3 is refused: hypercorn
+hands aioquic the certificate *files* once.
 See docs/hypercorn.md.
 """
 
@@ -31,6 +31,7 @@ from hypercorn.config import Config
 from tlsreload_plugins.drivers import check_from_running_loop
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import check_config_at_start, start_from_config
 from tlsreload_plugins.serving.lifespan import register, reloaders
@@ -42,6 +43,9 @@ from tlsreload_plugins.settings import resolve_interval
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
 
 log = logging.getLogger("tlsreload_plugins.hypercorn")
+
+_readers: list[ReaderProcess] = []
+"""The readers this process started (the parent of hypercorn's workers): each closes at its exit."""
 
 STARTUP_FAILURE = 1
 """Exit status when the certificate files or settings are not usable at start-up."""
@@ -78,6 +82,7 @@ class ReloadingConfig(Config):
     tls_crl: str | None = None
     tls_spiffe_authorize: str | None = None
     _tls_last_good: SharedStore | None = None  # see _last_good()
+    _tls_publication: str | None = None  # where the parent's reader publishes, for the workers it starts
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
         """hypercorn's own context, made to follow the files: called by hypercorn in each worker.
@@ -107,6 +112,7 @@ class ReloadingConfig(Config):
                 settings=self._settings(),
                 store=self._last_good(),
                 waiting=waiting,
+                publication=self._tls_publication,
             )
             driver = check_from_running_loop(reloader)
             if driver is None:  # hypercorn has always built it in the worker's loop: else nothing would check
@@ -135,7 +141,12 @@ class ReloadingConfig(Config):
         with exit_if_cannot_serve(STARTUP_FAILURE):
             self._refuse_quic()
             settings, store = self._settings(), self._last_good()
-            check_config_at_start(self, _hypercorn_context, names=NAMES, settings=settings, store=store, spawns=spawns)
+            reader = check_config_at_start(
+                self, _hypercorn_context, names=NAMES, settings=settings, store=store, reader=spawns
+            )
+            if reader is not None:  # the parent holds it (it is closed at the parent's exit); the workers its path
+                _readers.append(reader)
+                self._tls_publication = reader.directory
 
     def _settings(self) -> Settings:
         return Settings(

@@ -5,14 +5,15 @@ usual (``app.run(ssl=..., workers=N)``, ``sanic app:app --cert C --key K``, ``--
 context through the app's ``certloader_class``: :class:`ReloadingCertLoader` uses Sanic's own ``CertSimple``
 (ciphers, ALPN, TLS 1.2 floor, names read from the certificate) and checks the files in a thread. Workers Sanic
 starts or restarts (``app.m.restart()``, its inspector, auto-reload) keep the last good certificate: before they
-start (``main_process_start``) the main process checks each certificate and keeps it in a
-:class:`~tlsreload_plugins.lastgood.SharedStore` that reaches every worker through ``app.shared_ctx``. Several
+start (``main_process_start``) the main process checks each certificate and starts its one reader
+(:mod:`tlsreload_plugins.publication`), whose publication reaches every worker through ``app.shared_ctx``. Several
 certificates (a list) are each reloaded on their own, Sanic's ``CertSelector`` picking the newest context of each
 by server name (stock Sanic cannot pickle its selector for its workers: they get the list of settings instead).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import keep_fixed_settings
 from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader, create_connections_on
 from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
 from tlsreload_plugins.serving import logs
@@ -40,15 +41,17 @@ from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password
 from tlsreload_plugins.sni.discovery import resolve_directories
 
-__all__ = ["STARTUP_FAILURE", "STORES", "ReloadingCertLoader", "reload_certificates", "reloaders"]
+__all__ = ["PUBLICATIONS", "STARTUP_FAILURE", "ReloadingCertLoader", "reload_certificates", "reloaders"]
 
 log = logging.getLogger("tlsreload_plugins.sanic")
 
 STARTUP_FAILURE = 1
 """Exit status when the certificates or settings cannot serve at start-up (Sanic's own on a failed start)."""
 
-STORES = "tlsreload_last_good"
-"""The attribute of ``app.shared_ctx`` holding the last good store of each certificate, for the workers."""
+PUBLICATIONS = "tlsreload_publications"
+"""The attribute of ``app.shared_ctx`` holding where each certificate's reader publishes, for the workers."""
+_readers: list[ReaderProcess] = []
+"""The readers Sanic's main process started (each closes at its exit)."""
 
 Entry = dict[
     str, Any
@@ -102,7 +105,7 @@ class ReloadingCertLoader(CertLoader):
             log.info("Sanic makes a development certificate: it is not reloaded")
             return super().load(app)  # type: ignore[no-any-return]
         _route_logs()
-        stores: list[SharedStore] | None = getattr(app.shared_ctx, STORES, None)
+        publications: list[str] | None = getattr(app.shared_ctx, PUBLICATIONS, None)
         with exit_if_cannot_serve(STARTUP_FAILURE):
             found = _identities(self.tls_data)
             if found is None:
@@ -110,7 +113,9 @@ class ReloadingCertLoader(CertLoader):
             strict, entries = found
             settings = _settings.get(app.name, Settings())
             _refuse_sni_beside_a_list(settings, strict or len(entries) > 1)
-            made = [_reloader(entry, settings, stores[i] if stores else None) for i, entry in enumerate(entries)]
+            made = [
+                _reloader(entry, settings, publications[i] if publications else None) for i, entry in enumerate(entries)
+            ]
             context = made[0].context if len(made) == 1 and not strict else _selector(made, strict)
         for reloader in made:
             register(reloader, ThreadDriver(reloader).start())
@@ -136,18 +141,21 @@ def _before_workers(app: Sanic[Any, Any]) -> None:
         strict, entries = found
         settings = _settings.get(app.name, Settings())
         _refuse_sni_beside_a_list(settings, strict or len(entries) > 1)
-        stores = [_kept_for_workers(entry, settings) for entry in entries]
+        publications = [_read_for_workers(entry, settings) for entry in entries]
     server["ssl"] = [None, *entries] if strict else entries if len(entries) > 1 else entries[0]
-    # Sanic warns of any object in shared_ctx that is not multiprocessing's or ctypes': a SharedStore is made
-    # to travel to spawned processes (its memory is a memfd, passed as Sanic passes its sockets).
-    vars(app.shared_ctx)[STORES] = stores
+    # Sanic warns of any object in shared_ctx that is not multiprocessing's or ctypes': these are paths, which pickle.
+    vars(app.shared_ctx)[PUBLICATIONS] = publications
 
 
-def _kept_for_workers(entry: Entry, settings: Settings) -> SharedStore:
-    """A store holding ``entry``'s identity, checked now and kept current for the workers."""
-    files, password, store = _files(entry), resolve_password(entry.get("password")), SharedStore()
-    check_at_start(files, lambda: _sanic_context(entry, files, password), password, settings, store, spawns=True)
-    return store
+def _read_for_workers(entry: Entry, settings: Settings) -> str:
+    """``entry``'s files checked now, and read for the workers by a reader of their own (closed at this process's
+    exit): where it publishes."""
+    files, password = _files(entry), resolve_password(entry.get("password"))
+    recipe = functools.partial(_sanic_context, entry, files, password)
+    reader = check_at_start(files, recipe, password, settings, None, reader=True)
+    assert reader is not None
+    _readers.append(reader)
+    return reader.directory
 
 
 def _identities(data: Any) -> tuple[bool, list[Entry]] | None:
@@ -205,7 +213,7 @@ def _sanic_context(entry: Entry, files: TLSFiles, password: Password) -> ssl.SSL
     return context
 
 
-def _reloader(entry: Entry, settings: Settings, store: SharedStore | None) -> Reloader:
+def _reloader(entry: Entry, settings: Settings, publication: str | None) -> Reloader:
     files, password = _files(entry), resolve_password(entry.get("password"))
     # A worker Sanic restarts while nothing valid exists waits for usable files; Sanic stops a worker with
     # SIGTERM (a restart) or SIGINT (shutdown).
@@ -215,8 +223,8 @@ def _reloader(entry: Entry, settings: Settings, store: SharedStore | None) -> Re
         lambda other: _sanic_context(entry, other, password),
         password=password,
         settings=settings,
-        store=store,
-        waiting=waiting_in_spawned_worker() if store is not None else None,
+        waiting=waiting_in_spawned_worker() if publication is not None else None,
+        publication=publication,
     )
 
 

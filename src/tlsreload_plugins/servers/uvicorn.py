@@ -6,7 +6,8 @@ by the supervisor); :func:`reloading_ssl_context` is that factory for programs, 
 the app's ASGI lifespan (:class:`TLSReloadLifespan`, :func:`reloading_certificates`). Where the context is built:
 uvicorn calls the factory in each serving process; the recipe is its own default factory (verify mode, CA bundle,
 ciphers, ALPN, ``ssl_keyfile_password``, else ``$TLSRELOAD_KEY_PASSWORD_FILE``). Worker lifecycle: one process,
-or spawned by uvicorn's supervisor, which the parent's last good store reaches with the factory.
+or spawned by uvicorn's supervisor; with workers (or SNI identities), the supervisor starts the server's one reader of
+the files (:mod:`tlsreload_plugins.publication`), whose publication reaches each serving process with the factory.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tlsreload_plugins.serving.lifespan import TLSReloadLifespan, reloaders, rel
 from tlsreload_plugins.serving.options import click_settings, spiffe_choice, with_tls_options
 from tlsreload_plugins.serving.start import Settings, exit_if_cannot_serve
 from tlsreload_plugins.serving.workers import ReloaderMaker, waiting_in_spawned_worker
-from tlsreload_plugins.settings import resolve_password, resolve_spiffe
+from tlsreload_plugins.settings import resolve_password, resolve_sni_directories, resolve_spiffe
 
 if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so that a missing extra is one
     import uvicorn  # clear line, not a ModuleNotFoundError from this module's import
@@ -83,14 +84,28 @@ def reloading_ssl_context(
     return _context(config, default_factory, Settings(interval, sni, metrics, crl, authorize))
 
 
-def _context(config: Any, factory: Recipe, settings: Settings, last_good: SharedStore | None = None) -> ssl.SSLContext:
+def _context(
+    config: Any,
+    factory: Recipe,
+    settings: Settings,
+    last_good: SharedStore | None = None,
+    publication: str | None = None,
+) -> ssl.SSLContext:
     """``last_good``: the drop-in's, from its parent; its checks run from the server's loop (no lifespan needed),
-    and a process with nothing valid to serve waits for usable files (exiting would stop uvicorn's supervisor)."""
+    and a process with nothing valid to serve waits for usable files (exiting would stop uvicorn's supervisor).
+    ``publication``: where the supervisor's reader publishes (``--workers``, ``--reload``): loaded, not the files."""
     route_logs()
     with exit_if_cannot_serve(STARTUP_FAILURE):
         waiting = waiting_in_spawned_worker() if last_good is not None else None
         reloader = start_from_config(
-            config, _uvicorn_context, names=NAMES, settings=settings, own=factory, store=last_good, waiting=waiting
+            config,
+            _uvicorn_context,
+            names=NAMES,
+            settings=settings,
+            own=factory,
+            store=last_good,
+            waiting=waiting,
+            publication=publication,
         )
     if last_good is None:
         lifespan.follow_lifespan(reloader, lifespan_off=config.lifespan == "off", grace=LIFESPAN_GRACE)
@@ -211,7 +226,7 @@ def _run(
 
     with exit_if_cannot_serve(STARTUP_FAILURE):
         source = start_source(spiffe, spiffe_id=spiffe_id, federation=federation)
-    with source:  # in the supervisor: the workers read its files (and the last good store), never the stream
+    with source:  # in the supervisor: its files are read like any (by the reader, with workers), never the stream
         files = source.files
         paths = {"ssl_certfile": files.certfile, "ssl_keyfile": files.keyfile, "ssl_ca_certs": files.ca_certs}
         kwargs.update(paths)
@@ -236,9 +251,19 @@ def _serve(kwargs: dict[str, Any], options: dict[str, Any], config: Any, setting
     store, workers = SharedStore(), kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     spawns = workers > 1 or bool(kwargs.get("reload"))  # a supervisor that starts serving processes later
     with exit_if_cannot_serve(STARTUP_FAILURE):
-        check_config_at_start(config, _uvicorn_context, names=NAMES, settings=settings, store=store, spawns=spawns)
-    factory = functools.partial(_context, settings=settings, last_good=store)
-    uvicorn.run(**kwargs, ssl_context_factory=factory)
+        # A supervisor, or SNI identities (thousands, maybe: judged and kept once, beside the serving process, which
+        # looks them up when asked): the reader of the files is a child process, not the serving one.
+        reader = spawns or bool(resolve_sni_directories(settings.sni))
+        started = check_config_at_start(
+            config, _uvicorn_context, names=NAMES, settings=settings, store=store, reader=reader
+        )
+    publication = started.directory if started is not None else None
+    factory = functools.partial(_context, settings=settings, last_good=store, publication=publication)
+    try:
+        uvicorn.run(**kwargs, ssl_context_factory=factory)
+    finally:
+        if started is not None:
+            started.close()
 
 
 def _run_arguments(options: dict[str, Any]) -> dict[str, Any]:

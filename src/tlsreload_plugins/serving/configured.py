@@ -29,6 +29,7 @@ from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import CannotServe, Settings, Waiting, check_at_start, start_reloader
 from tlsreload_plugins.settings import resolve_password
@@ -151,6 +152,7 @@ def start_from_config(
     own: Recipe | None = None,
     store: SharedStore | None = None,
     waiting: Waiting | None = None,
+    publication: str | None = None,
 ) -> Reloader:
     """:func:`~tlsreload_plugins.serving.start.start_reloader` for the files ``config`` names, with its recipes and
     key password (arguments as for :func:`config_recipes` and ``start_reloader``).
@@ -168,7 +170,16 @@ def start_from_config(
     password = resolve_password(getattr(config, names[3]))
     recipe, recipe_for = config_recipes(config, build, names=names, password=password, own=own)
     files = config_files(config, names)
-    return start_reloader(files, recipe, recipe_for, password=password, settings=settings, store=store, waiting=waiting)
+    return start_reloader(
+        files,
+        recipe,
+        recipe_for,
+        password=password,
+        settings=settings,
+        store=store,
+        waiting=waiting,
+        publication=publication,
+    )
 
 
 def check_config_at_start(
@@ -177,19 +188,20 @@ def check_config_at_start(
     *,
     names: tuple[str, str, str, str],
     settings: Settings,
-    store: SharedStore,
-    spawns: bool = False,
-) -> None:
+    store: SharedStore | None,
+    reader: bool = False,
+) -> ReaderProcess | None:
     """:func:`~tlsreload_plugins.serving.start.check_at_start` for the files ``config`` names, with its recipe and key
-    password (arguments as for :func:`config_recipes` and ``check_at_start``).
+    password (arguments as for :func:`config_recipes` and ``check_at_start``; the reader it started, if any).
 
     Raises:
         CannotServe: a setting or the files are not usable.
 
     Example::
 
-        check_config_at_start(config, build, names=names, settings=settings, store=SharedStore(), spawns=True)
+        reader = check_config_at_start(config, build, names=names, settings=settings, store=None, reader=True)
     """
     password = resolve_password(getattr(config, names[3]))
     recipe, _ = config_recipes(config, build, names=names, password=password)
-    check_at_start(config_files(config, names), recipe, password, settings, store, spawns=spawns)
+    files = config_files(config, names)
+    return check_at_start(files, recipe, password, settings, store, reader=reader)

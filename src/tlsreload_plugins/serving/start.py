@@ -5,10 +5,11 @@ configured, where its context is built (its *recipe*) and its worker lifecycle. 
 
 * :class:`Settings`: tlsreload's own settings, checked in one call (:meth:`Settings.check`).
 * :func:`check_at_start`: before a server binds or starts workers, decide as the first reload
-  would whether the files and settings can serve, and keep the identity in the last good store
-  (current for workers spawned later; every SNI identity judged once for workers forked later).
+  would whether the files and settings can serve, and start the server's one reader of them
+  (:mod:`tlsreload_plugins.publication`), or keep the identity in a last good store for forked processes.
 * :func:`start_reloader`: the one place glue makes a :class:`~tlsreload_plugins.Reloader`: from
-  the files, else from the last good identity; a worker the server restarts while nothing valid
+  the files, or from what the server's reader published, else from the last good identity; a worker the server
+  restarts while nothing valid
   exists waits for usable files (:func:`wait_until_usable`, the package's one waiting loop)
   instead of exiting, which would stop the whole server. Then it gets its SNI identities and
   metrics (:func:`equip`).
@@ -33,15 +34,18 @@ from typing import NoReturn, TypeVar
 
 from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.errors import ReloadError
-from tlsreload_plugins.examine import Recipe, load_identity
+from tlsreload_plugins.examine import Recipe, build_context, load_identity
 from tlsreload_plugins.expiry import SPIFFE_DIRECTORY
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.frozen import FrozenRecord
-from tlsreload_plugins.lastgood.last_good import LastGood, keep_all_valid, keep_newest_valid
+from tlsreload_plugins.lastgood.last_good import LastGood
 from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.publication.reader import ReaderFailed, ReaderProcess
+from tlsreload_plugins.publication.subscription import Subscription
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.resumption import authorized
+from tlsreload_plugins.retrying import BOOT_ATTEMPTS, RETRY_DELAY, retry_at_start
 from tlsreload_plugins.settings import (
     resolve_crl,
     resolve_expiry_warning_days,
@@ -67,13 +71,6 @@ __all__ = [
 log = logging.getLogger("tlsreload_plugins.serving")
 
 T = TypeVar("T")
-
-BOOT_ATTEMPTS = 3
-RETRY_DELAY = 0.5
-"""Unusable files at start are read BOOT_ATTEMPTS times, RETRY_DELAY seconds apart, before giving
-up: a process that starts in the middle of a rotation (certbot relinks its files one at a time) must
-not fail. A worker waiting for usable files reads them every RETRY_DELAY seconds too (independent of
-the interval, which may be longer than a server's worker timeout)."""
 
 POLL = 0.1
 """Seconds between looks at a stop request while waiting (hypercorn's workers poll their shutdown event as often)."""
@@ -217,19 +214,6 @@ class Waiting(FrozenRecord):
         self._set(leave, every, signals, stopped, between)
 
 
-def retry_at_start(attempt: Callable[[], T]) -> T:
-    """``attempt()``, tried :data:`BOOT_ATTEMPTS` times :data:`RETRY_DELAY` apart while it raises a
-    :class:`~tlsreload_plugins.ReloadError`; the last error passes through."""
-    for remaining in reversed(range(BOOT_ATTEMPTS)):
-        try:
-            return attempt()
-        except ReloadError:
-            if not remaining:
-                raise
-            time.sleep(RETRY_DELAY)
-    raise AssertionError("unreachable")
-
-
 def wait_until_usable(
     attempt: Callable[[], T],
     *,
@@ -279,25 +263,23 @@ def check_at_start(
     recipe: Recipe,
     password: Password,
     settings: Settings,
-    store: SharedStore,
+    store: SharedStore | None,
     *,
-    forks: bool = False,
-    spawns: bool = False,
-) -> None:
-    """Decide, as the first reload would, whether ``files`` and ``settings`` can serve; keep the identity in
-    ``store`` for the workers. For a server's parent, before it binds or starts workers.
+    reader: bool = False,
+) -> ReaderProcess | None:
+    """Decide, as the first reload would, whether ``files`` and ``settings`` can serve; start the server's reader,
+    or keep the identity in ``store`` for the processes forked later. For a server's parent, before it binds or
+    starts workers.
 
     Args:
         files, recipe, password, settings: as :func:`start_reloader`.
-        store: the server's last good store, which its workers get.
-        forks: the parent forks its workers (and runs no thread to keep ``store`` current): judge every SNI
-            identity here too, once, so that no worker parses them all again
-            (:func:`~tlsreload_plugins.lastgood.last_good.keep_all_valid`).
-        spawns: the parent starts workers, now or later (``--workers``, ``--reload``, SIGHUP), that get
-            ``store`` with their configuration: keep it holding the newest valid identity of ``files`` and of
-            every SNI identity, checked every interval in a thread
-            (:func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`), so that each worker takes its verdicts
-            instead of loading ``cryptography`` to parse the files itself.
+        store: without ``reader``, the last good store forked processes share (``None`` with ``reader``).
+        reader: start the server's one reader of ``files`` and of its SNI identities
+            (:class:`~tlsreload_plugins.publication.reader.ReaderProcess`), which judges them and publishes what
+            passes: its workers load only that (``start_reloader(..., publication=reader.directory)``).
+
+    Returns:
+        The reader, when ``reader``: close it when the server stops.
 
     Raises:
         CannotServe: a setting or the files are not usable (after :data:`BOOT_ATTEMPTS` reads).
@@ -305,26 +287,28 @@ def check_at_start(
     Example::
 
         with exit_if_cannot_serve(STARTUP_FAILURE):
-            check_at_start(files, recipe, password, settings, store, spawns=workers > 1)
+            reader = check_at_start(files, recipe, password, settings, None, reader=True)
     """
+    started: ReaderProcess | None = None
     try:
         settings.check()
         files = settings.with_crl(files)
         recipe = authorized(recipe, resolve_authorizer(settings.authorize))
-        snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, recipe, password))
-    except (ReloadError, ValueError) as e:  # ValueError: a bad setting
+        if reader:
+            interval, sni = resolve_interval(settings.interval), resolve_sni_directories(settings.sni)
+            started = ReaderProcess(files, password=password, interval=interval, sni=sni)
+            # The server's own recipe too, once, as a worker will build it: a hook that raises stops the start here.
+            retry_at_start(lambda: build_context(recipe, files))
+        elif store is None:
+            raise ValueError("a server without a reader keeps its identity for its processes in a store: pass one")
+        else:
+            snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, recipe, password))
+            store.write(snapshot, leaf=leaf)
+    except (ReloadError, ValueError, ReaderFailed) as e:  # ValueError: a bad setting
+        if started is not None:
+            started.close()
         raise CannotServe(f"cannot serve TLS: {e}") from e
-    store.write(snapshot, leaf=leaf)
-    directories = resolve_sni_directories(settings.sni)
-    if forks and directories:
-        from tlsreload_plugins.sni.discovery import discover  # the SNI machinery: only where SNI is configured
-
-        keep_all_valid(discover(directories, files.ca_certs, files.crl), password, store)
-    if spawns:
-        from tlsreload_plugins.sni.tracker import every_identity  # the files' identity, and SNI's when configured
-
-        interval = resolve_interval(settings.interval)
-        keep_newest_valid(every_identity(files, directories), password, store, interval)
+    return started
 
 
 def start_reloader(
@@ -336,6 +320,7 @@ def start_reloader(
     settings: Settings,
     store: SharedStore | None = None,
     waiting: Waiting | None = None,
+    publication: str | None = None,
 ) -> Reloader:
     """Make a serving process's reloader, with its SNI identities and metrics.
 
@@ -348,6 +333,8 @@ def start_reloader(
         store: the server's last good store: when the files are unusable, its identity is served.
         waiting: given where the server restarts workers: with nothing valid in the files nor in a
             non-empty ``store``, wait for usable files that way instead of failing.
+        publication: the directory the server's reader publishes into (:func:`check_at_start`'s ``reader``): the
+            reloader loads what it published and never opens ``files``, which it names.
 
     Returns:
         The reloader; hand ``reloader.context`` to the server and drive its checks.
@@ -361,7 +348,9 @@ def start_reloader(
     except ValueError as e:
         raise CannotServe(f"cannot serve TLS: {e}") from e
     recipe, recipe_for = authorized(recipe, authorizer), authorized(recipe_for, authorizer)
-    last_good = LastGood(store, recipe_for) if store is not None else None
+    last_good = LastGood(store, recipe_for) if store is not None and publication is None else None
+
+    subscription = Subscription(publication, recipe_for) if publication is not None else None
 
     def attempt() -> Reloader:
         return Reloader(
@@ -373,6 +362,7 @@ def start_reloader(
             password=password,
             interval=settings.interval,
             last_good=last_good,
+            subscription=subscription,
         )
 
     try:
@@ -380,10 +370,11 @@ def start_reloader(
     except ValueError as e:  # a bad interval or expiry setting
         raise CannotServe(f"cannot serve TLS: {e}") from e
     except ReloadError as e:
-        if waiting is None or store is None or store.read() is None:  # the server's very first start
+        # The server's very first start: nothing was ever served (a reader has published, or it would not have started).
+        if waiting is None or (publication is None and (store is None or store.read() is None)):
             raise CannotServe(f"cannot serve TLS: {e}") from e
         reloader = _wait(attempt, e, waiting)
-    equip(reloader, settings, recipe_for, worker=waiting is not None)
+    equip(reloader, settings, recipe_for, worker=waiting is not None, publication=publication)
     if authorizer is not None and resolve_metrics(settings.metrics):
         from tlsreload_plugins import metrics  # prometheus_client: only where metrics are on
 
@@ -404,11 +395,20 @@ def _wait(attempt: Callable[[], Reloader], error: ReloadError, waiting: Waiting)
     return reloader
 
 
-def equip(reloader: Reloader, settings: Settings, recipe_for: RecipeFor, *, worker: bool = False) -> None:
+def equip(
+    reloader: Reloader,
+    settings: Settings,
+    recipe_for: RecipeFor,
+    *,
+    worker: bool = False,
+    publication: str | None = None,
+) -> None:
     """Give ``reloader`` its metrics (when wanted) and its SNI identities (when configured).
 
     ``worker``: a process the server may restart, whose settings its parent already checked: an SNI
     directory gone since then is logged (the process serves no SNI identities) rather than fatal.
+    ``publication``: the server's reader publishes the SNI identities; they are looked up there, by name, when a
+    handshake asks (:class:`~tlsreload_plugins.sni.published_routes.PublishedRoutes`).
 
     Raises:
         CannotServe: a bad ``$TLSRELOAD_METRICS``, or an SNI directory that does not exist.
@@ -428,7 +428,11 @@ def equip(reloader: Reloader, settings: Settings, recipe_for: RecipeFor, *, work
             reloader.add_callbacks(on_check=watch)
     try:
         directories = resolve_sni_directories(settings.sni)
-        if directories:
+        if directories and publication is not None:
+            from tlsreload_plugins.sni.published_routes import PublishedRoutes  # the SNI machinery: only where used
+
+            PublishedRoutes(publication, recipe_for).attach(reloader)
+        elif directories:
             from tlsreload_plugins.sni.identities import attach_from_settings  # the SNI machinery: only where used
 
             attach_from_settings(reloader, directories, recipe_for)

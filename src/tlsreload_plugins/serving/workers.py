@@ -2,15 +2,13 @@
 another server ships.
 
 Either way the parent checks the files once, before it binds or starts workers
-(:func:`~tlsreload_plugins.serving.check_at_start`), into a :class:`~tlsreload_plugins.lastgood.SharedStore`
-its workers share; then, in each worker:
+(:func:`~tlsreload_plugins.serving.check_at_start`), and starts the server's one reader of them, whose publication
+its workers load (:mod:`tlsreload_plugins.publication`); then, in each worker:
 
-* *forked* (the store created before the first fork): :func:`serve_in_worker`, from the worker's set-up
-  hook, makes its reloader and checks it in a thread as this process's (:func:`run_here`) until its exit
-  hook calls :func:`stop_here`; :func:`reloaders_here` lists it.
-* *spawned* (the store travels with the worker's configuration, kept current by the parent): the glue
-  makes the reloader where the server builds its context, waiting as :func:`waiting_in_spawned_worker`
-  says when nothing valid is left to serve.
+* *forked*: :func:`serve_in_worker`, from the worker's set-up hook, makes its reloader and checks it in a thread as
+  this process's (:func:`run_here`) until its exit hook calls :func:`stop_here`; :func:`reloaders_here` lists it.
+* *spawned* (the publication's path travels with the worker's configuration): the glue makes the reloader where the
+  server builds its context, waiting as :func:`waiting_in_spawned_worker` says when nothing valid is left to serve.
 * :class:`WorkerClassGlue`, :func:`glue_for`, :func:`prepare_worker_class`: a worker class another server
   ships builds its context its own way; that server's glue knows how to reach it, and prepares the class
   (or refuses it). The server's glue hands these a table of them, by the top-level package shipping the class.
@@ -110,6 +108,7 @@ def serve_in_worker(
     password: Password = None,
     between: Callable[[], object] = lambda: None,
     boot_error: int = 1,
+    publication: str | None = None,
 ) -> Reloader:
     """Make a forked worker's reloader, and check it in a thread as this process's (:func:`run_here`).
 
@@ -122,6 +121,8 @@ def serve_in_worker(
         password: the key password, else ``$TLSRELOAD_KEY_PASSWORD_FILE``'s.
         between: called before each wait (a worker tells its parent that it is alive).
         boot_error: the exit status by which the server knows that a worker could not boot.
+        publication: where the server's reader publishes (the worker loads only that; see
+            :func:`~tlsreload_plugins.serving.start.start_reloader`).
 
     Returns:
         The reloader, checked until :func:`stop_here`; hand the server its ``context``.
@@ -134,7 +135,14 @@ def serve_in_worker(
     password = resolve_password(password)
     try:
         reloader = start_reloader(
-            files, recipe, recipe_for, password=password, settings=settings, store=store, waiting=waiting
+            files,
+            recipe,
+            recipe_for,
+            password=password,
+            settings=settings,
+            store=store,
+            waiting=waiting,
+            publication=publication,
         )
     except CannotServe as e:
         log.error("worker %s: %s", os.getpid(), e)

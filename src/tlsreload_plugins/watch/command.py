@@ -45,8 +45,9 @@ from types import FrameType
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.outcome import Outcome
+from tlsreload_plugins.publication.judging import plain_context
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.watch.copies import Copies, copying_recipe, plain_context
+from tlsreload_plugins.watch.copies import Copies, copying_recipe
 from tlsreload_plugins.watch.notify import (
     ENV_CA_CERTS,
     ENV_CERTFILE,

@@ -1,8 +1,8 @@
 """What ``tlsreload watch`` builds from the files, and the validated copies a child reads.
 
-:func:`plain_context` is the OpenSSL server context watch's reloader builds from the files (so OpenSSL itself
-judges each pair). With copies, :func:`copying_recipe` stages exactly the bytes it validated in a
-:class:`Copies` directory, and watch promotes them to the live copies the child is pointed at.
+:func:`~tlsreload_plugins.publication.judging.plain_context` is the OpenSSL server context watch's reloader builds
+from the files (so OpenSSL itself judges each pair). With copies, :func:`copying_recipe` stages exactly the bytes it
+validated in a :class:`Copies` directory, and watch promotes them to the live copies the child is pointed at.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Callable
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
 from tlsreload_plugins.private_directories import private_directory
+from tlsreload_plugins.publication.judging import plain_context
 from tlsreload_plugins.validation.apart import validate
 from tlsreload_plugins.watch.options import UsageError
 
@@ -114,15 +115,6 @@ def _write_private(path: str, data: bytes) -> None:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
-
-
-def plain_context(files: TLSFiles, password: Password = None) -> ssl.SSLContext:
-    """A default server context loaded from ``files``: OpenSSL itself judges the pair (as ``tlsreload check``)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(files.certfile, files.keyfile, password)
-    if files.ca_certs:
-        context.load_verify_locations(files.ca_certs)
-    return context
 
 
 def copying_recipe(files: TLSFiles, copies: Copies, password: Password) -> Callable[[], ssl.SSLContext]:

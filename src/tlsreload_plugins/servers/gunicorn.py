@@ -241,7 +241,6 @@ def _check_at_start(
                 "(the key may be in the certificate file, not the other way round)"
             )
         prepare_worker_class(cfg.worker_class, cfg.worker_class_str, WORKER_CLASSES)
-        _close_reader()  # a configuration read again (the drop-in's on HUP) starts from the files it names
         _reader = check_at_start(
             _files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, None, reader=True
         )

@@ -26,6 +26,7 @@ from tlsreload_plugins.lastgood.memory_files import RecipeFor, check_revocation_
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.publication.index import IndexReader
 from tlsreload_plugins.publication.published import NAMES
+from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.sni.contexts import CONTEXTS
 
 __all__ = ["PublishedRoutes"]
@@ -54,10 +55,10 @@ class PublishedRoutes:
         self._refused: set[str] = set()  # fingerprints OpenSSL refused to build (said once each)
         self._refresh()
 
-    def attach(self, reloader: object) -> PublishedRoutes:
+    def attach(self, reloader: Reloader) -> PublishedRoutes:
         """Route ``reloader``'s handshakes and refresh at its checks; returns this."""
-        reloader.set_route(self.route)  # type: ignore[attr-defined]
-        reloader.add_callbacks(on_check=self.refresh)  # type: ignore[attr-defined]
+        reloader.set_route(self.route)
+        reloader.add_callbacks(on_check=self.refresh)
         return self
 
     def route(self, server_name: str | None) -> ssl.SSLContext | None:

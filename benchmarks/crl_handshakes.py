@@ -2,7 +2,7 @@
 
 Two server contexts hold the same certificate, key and client-CA bundle and require client certificates; one
 also checks a CRL of ``--entries`` revoked serials (the client's is not among them), loaded the way tlsreload
-loads it (:func:`tlsreload_plugins.lastgood.memory_files.check_revocation_of`: ``load_verify_locations`` on the
+loads it (:func:`tlsreload_plugins.memory_files.check_revocation_of`: ``load_verify_locations`` on the
 CRL's bytes in memory, ``VERIFY_CRL_CHECK_LEAF``). Each round does ``--handshakes`` full handshakes (no session
 reuse) on each, in memory (``wrap_bio``: no sockets, no scheduler noise), alternating which goes first; only the
 server side's steps are timed, with the thread's CPU clock. Prints the median server CPU per handshake of each,
@@ -26,7 +26,7 @@ import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
-from tlsreload_plugins.lastgood.memory_files import check_revocation_of
+from tlsreload_plugins.memory_files import check_revocation_of
 
 
 def big_crl(ca: trustme.CA, entries: int) -> bytes:

@@ -27,9 +27,9 @@ from tlsreload_plugins.files import Snapshot, read_files
 from tlsreload_plugins.identity import validate
 from tlsreload_plugins.lastgood import store as store_module
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, keep_newest_valid, verdict
-from tlsreload_plugins.lastgood.memory_files import in_memory_files
 from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.lastgood.table import decode, encode
+from tlsreload_plugins.memory_files import in_memory_files
 from tlsreload_plugins.sni.ahead import judged
 from tlstest import KubeletLayout, Pair, client_context, issue, served_serial, wait_for_child, wait_until
 

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError, Unjudged
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, read_files
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_digest, read_files
 from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf, judge_period
-from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, password_digest, verdict
-from tlsreload_plugins.lastgood.memory_files import check_revocation_of
+from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, verdict
+from tlsreload_plugins.memory_files import check_revocation_of
 
 Recipe = Callable[[], ssl.SSLContext]
 

@@ -226,3 +226,13 @@ def password_bytes(password: Password) -> bytes | None:
     if isinstance(password, str):
         return password.encode()
     return password
+
+
+def password_digest(password: Password) -> str:
+    """A digest of the key password ``password`` gives now (a password file is read): what a verdict on some
+    bytes depends on beside them."""
+    try:
+        secret = password_bytes(password)
+    except Exception as e:  # an unreadable password file: that is the verdict's input too
+        return f"unreadable: {e}"
+    return hashlib.sha256(secret or b"").hexdigest()

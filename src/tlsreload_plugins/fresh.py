@@ -25,7 +25,7 @@ from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.files import password_file as password_in_file
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Status
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.resumption import authorized

@@ -41,7 +41,7 @@ from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_hash, read_files
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_to_build
-from tlsreload_plugins.lastgood.memory_files import RecipeFor, context_from
+from tlsreload_plugins.memory_files import RecipeFor, context_from
 from tlsreload_plugins.outcome import (
     CRLWarning,
     Outcome,

@@ -32,10 +32,9 @@ from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import Examined, examine_files, load_identity
 from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_digest
 from tlsreload_plugins.identity import Leaf, judge_period
-from tlsreload_plugins.lastgood.last_good import password_digest
-from tlsreload_plugins.lastgood.memory_files import context_from
+from tlsreload_plugins.memory_files import context_from
 from tlsreload_plugins.metrics import observe, observe_authorizer, wanted
 from tlsreload_plugins.outcome import Outcome, Record, Status
 from tlsreload_plugins.reloader import Offload

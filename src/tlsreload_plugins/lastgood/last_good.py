@@ -29,14 +29,13 @@ imported where something is validated: a worker that takes its parent's verdicts
   having it validated again (:mod:`tlsreload_plugins.validation.apart`: a child process each time).
 
 A context is built from the bytes through the server's own recipe, given paths to in-memory files
-(``memfd_create``, read as ``/proc/self/fd/N``; :mod:`tlsreload_plugins.lastgood.memory_files`). Where memfd is
+(``memfd_create``, read as ``/proc/self/fd/N``; :mod:`tlsreload_plugins.memory_files`). Where memfd is
 missing, the files go to a private directory (0700, files 0600) and are removed as soon as the context
 is built. The store itself (:class:`SharedStore`) is :mod:`tlsreload_plugins.lastgood.store`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import ssl
 import threading
@@ -46,12 +45,12 @@ from typing import TYPE_CHECKING
 
 from tlsreload_plugins import identity
 from tlsreload_plugins.errors import InvalidIdentity, Unjudged
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_bytes, read_files
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_digest, read_files
 from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf, judge_period
-from tlsreload_plugins.lastgood.memory_files import RecipeFor, in_memory_files
 from tlsreload_plugins.lastgood.spawned import shared_with_spawned_processes
 from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
+from tlsreload_plugins.memory_files import RecipeFor, in_memory_files
 from tlsreload_plugins.revocation import check_revocation
 
 if TYPE_CHECKING:
@@ -82,16 +81,6 @@ class NotJudged(InvalidIdentity):
     good identity at once rather than wait for a validation in a child process: its first check judges them,
     and reports a refusal at once. Or a check read them mid-rotation (a certificate of one pair, the key of the
     next) and the files have changed since: its next check reads them again."""
-
-
-def password_digest(password: Password) -> str:
-    """A digest of the key password ``password`` gives now (a password file is read): what a verdict on some
-    bytes depends on beside them."""
-    try:
-        secret = password_bytes(password)
-    except Exception as e:  # an unreadable password file: that is the verdict's input too
-        return f"unreadable: {e}"
-    return hashlib.sha256(secret or b"").hexdigest()
 
 
 def content_key(snapshot: Snapshot, password: Password) -> str:

@@ -21,7 +21,7 @@ from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import Examined, build_context, fixed_setting_changes, keep_fixed_settings
 from tlsreload_plugins.files import Snapshot, TLSFiles
 from tlsreload_plugins.identity import Leaf, judge_period
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.published import (
     ReaderFigures,
     Version,

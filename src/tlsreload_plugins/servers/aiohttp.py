@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.files import TLSFiles
 from tlsreload_plugins.fresh import FreshContext, fresh_context, reloaders
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.memory_files import RecipeFor
 
 if TYPE_CHECKING:  # a type only: aiohttp's users import nothing of gunicorn's workers
     from tlsreload_plugins.serving.workers import ReloaderMaker

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES

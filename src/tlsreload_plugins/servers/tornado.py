@@ -30,8 +30,8 @@ from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.files import password_file as password_in_file
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import Settings, Waiting, check_at_start, start_reloader
 from tlsreload_plugins.settings import resolve_password

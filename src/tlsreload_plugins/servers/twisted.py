@@ -43,7 +43,7 @@ except ImportError as e:  # the [twisted] extra: one clear line instead of a bar
 from tlsreload_plugins.authorization import AUTHORIZE_ENV, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import Password, TLSFiles, password_bytes, password_file, read_files
-from tlsreload_plugins.lastgood.memory_files import RecipeFor, in_memory_files
+from tlsreload_plugins.memory_files import RecipeFor, in_memory_files
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.lifespan import register, reloaders
 from tlsreload_plugins.serving.start import CannotServe, Settings, start_reloader

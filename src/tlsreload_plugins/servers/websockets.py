@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.fresh import fresh_context, reloaders
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
+from tlsreload_plugins.memory_files import RecipeFor
 
 __all__ = ["reloaders", "reloading_ssl"]
 

@@ -27,8 +27,8 @@ from typing import TypeVar
 
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles, password_text
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import CannotServe, Settings, Waiting, check_at_start, start_reloader

@@ -39,8 +39,8 @@ from tlsreload_plugins.expiry import SPIFFE_DIRECTORY
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.reader import ReaderFailed, ReaderProcess
 from tlsreload_plugins.publication.subscription import Subscription
 from tlsreload_plugins.reloader import Reloader

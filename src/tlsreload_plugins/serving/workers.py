@@ -29,8 +29,8 @@ from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.frozen import FrozenRecord
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import RETRY_DELAY, CannotServe, Settings, Waiting, start_reloader
 from tlsreload_plugins.settings import resolve_password

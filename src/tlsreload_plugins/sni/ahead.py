@@ -16,8 +16,8 @@ from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.memory_files import RecipeFor
 
 
 @dataclass

@@ -43,8 +43,8 @@ from tlsreload_plugins.examine import Examined
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.memory_files import RecipeFor
 from tlsreload_plugins.lastgood.store import SharedStore
+from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.reloader import Offload, Reloader
 from tlsreload_plugins.settings import resolve_interval

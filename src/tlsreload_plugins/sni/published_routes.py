@@ -22,7 +22,7 @@ from typing import Any
 
 from tlsreload_plugins.atomic_swap import current_version
 from tlsreload_plugins.drivers import gevent_offload
-from tlsreload_plugins.lastgood.memory_files import RecipeFor, check_revocation_of, in_memory_files
+from tlsreload_plugins.memory_files import RecipeFor, check_revocation_of, in_memory_files
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.publication.index import IndexReader
 from tlsreload_plugins.publication.published import NAMES

@@ -1,6 +1,6 @@
 """Paths that read as given bytes, in memory (:func:`in_memory_files`), and a context built through a server's
 recipe from the bytes of a snapshot (:func:`context_from`), and CRLs checked from bytes (:func:`check_revocation_of`):
-how the last good identity, and an SNI identity built on its first handshake, are served from bytes rather than from
+how a published identity, and an SNI identity built on its first handshake, are served from bytes rather than from
 the files on disk.
 """
 

@@ -11,10 +11,10 @@ in turn (``--moments``):
 
 * ``start``: a random time up to ``--early`` seconds after both were started (under load, often before or while
   CherryPy starts, in the middle of the adapter's start-up);
-* ``served``: each side the moment it has served its first handshake (CherryPy's HTTP server serves from its thread
+* ``served``: each side the moment it has answered its first HTTPS request (CherryPy's HTTP server serves from its thread
   while the main thread is still in ``engine.start()``);
 * ``serving``: up to 0.3 s after both served;
-* ``rotated``: right after a rotation of the files (the plugin reloading in its thread) and a few handshakes.
+* ``rotated``: right after a rotation of the files (the plugin reloading in its thread) and a few requests.
 
 ``--sigint``: how the servers get SIGINT: at its default, as from a terminal (default); ``ignored``, as a job a
 non-interactive shell starts in the background (or nohup) gets it, and keeps it: Python leaves an inherited
@@ -162,15 +162,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def handshake(port: int, ctx: ssl.SSLContext, timeout: float = 5.0) -> bool:
+def answers(port: int, ctx: ssl.SSLContext, timeout: float = 5.0) -> bool:
+    """``GET /`` over HTTPS on a new connection is answered with 200."""
     import socket
 
     try:
         with (
             socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw,
-            ctx.wrap_socket(raw, server_hostname="localhost"),
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls,
         ):
-            return True
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            return tls.recv(64).startswith(b"HTTP/1.1 200")
     except OSError:
         return False
 
@@ -255,11 +257,11 @@ def run_trial(args: argparse.Namespace, number: int, sig: str, moment: str, pair
             trial.moment = f"start+{delay:.2f}"
             time.sleep(max(0.0, started + delay - time.monotonic()))
             signal_sides(trial.sides.values(), sig, args.way)
-        elif moment == "served":  # each side the moment it has served its first handshake
+        elif moment == "served":  # each side the moment it has answered its first request
             waiting = list(trial.sides.values())
             end = time.monotonic() + 60.0
             while waiting and time.monotonic() < end:
-                for side in [side for side in waiting if handshake(side.port, ctx, timeout=1.0)]:
+                for side in [side for side in waiting if answers(side.port, ctx, timeout=1.0)]:
                     signal_sides([side], sig, args.way)
                     waiting.remove(side)
                 time.sleep(0.01)
@@ -267,13 +269,13 @@ def run_trial(args: argparse.Namespace, number: int, sig: str, moment: str, pair
                 raise RuntimeError(f"{waiting[0].name} did not serve within 60 s:\n{waiting[0].output()[-2000:]}")
         else:
             for side in trial.sides.values():
-                if not wait_for(lambda side=side: handshake(side.port, ctx), 60.0):
+                if not wait_for(lambda side=side: answers(side.port, ctx), 60.0):
                     raise RuntimeError(f"{side.name} did not serve within 60 s:\n{side.output()[-2000:]}")
             if moment == "rotated":
                 pair.rotate()
                 for _ in range(3):
                     for side in trial.sides.values():
-                        handshake(side.port, ctx)
+                        answers(side.port, ctx)
             time.sleep(random.uniform(0.0, 0.3))
             signal_sides(trial.sides.values(), sig, args.way)
         waiters = [threading.Thread(target=await_exit, args=(side, args.timeout)) for side in trial.sides.values()]

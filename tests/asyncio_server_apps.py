@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import gunicorn_apps
 import hostile_apps
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -29,6 +30,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def answer(path: str) -> tuple[bytes, str]:
     """The body and content type of ``GET path``."""
     route = hostile_apps.ROUTES.get(path)
+    if route is None and gunicorn_apps.OPENS_UNDER:  # test_footprint's probe: the opens of the watched files too
+        return gunicorn_apps.modules_body(), "text/plain"
     if route is None:
         return f"pid={os.getpid()}".encode(), "text/plain"
     produce, content_type = route

@@ -65,6 +65,8 @@ def _count_opens(event: str, args: tuple[Any, ...]) -> None:
 
 if OPENS_UNDER:
     sys.addaudithook(_count_opens)
+    # A child forked after this import (Tornado's fork_processes) counts its own opens, not its parent's.
+    os.register_at_fork(after_in_child=opened.clear)
 
 
 def modules_body() -> bytes:

@@ -82,6 +82,9 @@ def command(server: str, port: int, layout: KubeletLayout) -> list[str]:
             "--ssl-keyfile",
             key,
         ]
+    if server == "tornado":
+        files = ["--certfile", cert, "--keyfile", key]
+        return ["-m", "asyncio_server_apps", "tornado", *files, "--port", str(port), "--processes", "2"]
     worker_class = server.removeprefix("tlsreload-hypercorn-")
     args = ["-m", "tlsreload_plugins.hypercorn", f"{TESTS / 'gunicorn_apps.py'}:asgi_modules", "--workers", "2"]
     return [*args, "--bind", f"{HOST}:{port}", "--worker-class", worker_class, "--certfile", cert, "--keyfile", key]
@@ -295,11 +298,12 @@ def opened(port: int, ctx: ssl.SSLContext) -> tuple[str, int, int]:
     return serial, int(match.group(1)), int(match.group(2))
 
 
-@pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio"])
+@pytest.mark.parametrize("server", ["gunicorn-sync", "tlsreload-uvicorn", "tlsreload-hypercorn-asyncio", "tornado"])
 def test_workers_never_open_a_watched_file(tmp_path: Path, ca: trustme.CA, server: str) -> None:
     """Issue 46: the workers load only what the server's one reader published, never the watched files: at start,
     after a rotation, while the files are broken and in a worker started meanwhile (gunicorn's). Counted by an audit
-    hook in each worker, which does count the files' opens in tlsreload-uvicorn's one process, which reads them."""
+    hook in each worker, which does count the files' opens in tlsreload-uvicorn's one process, which reads them.
+    Tornado's children under ``fork_processes`` too, and one it restarts while the files are broken."""
     layout = KubeletLayout(tmp_path / "secret")
     first, second = issue(ca), issue(ca)
     layout.install(first)
@@ -326,13 +330,13 @@ def test_workers_never_open_a_watched_file(tmp_path: Path, ca: trustme.CA, serve
         wait_until(lambda: served(second.serial, 2), DEADLINE, what="the rotation in both workers")
         layout.write_raw(first.chain, second.key)
         wait_until(lambda: "certificate reload failed" in running.output(), DEADLINE, what="the bad pair refused")
-        if server == "gunicorn-sync":  # a worker gunicorn starts now, while the files are broken
+        if server in ("gunicorn-sync", "tornado"):  # a worker the server starts now, while the files are broken
             os.kill(next(iter(seen)), signal.SIGKILL)
             before = set(seen)
             wait_until(lambda: served(second.serial, 2) and seen.keys() - before, DEADLINE, what="a new worker")
         output = running.output()
     assert all(count == 0 for count in seen.values()), (seen, output)
-    assert server != "gunicorn-sync" or LAST_GOOD in output, output
+    assert server not in ("gunicorn-sync", "tornado") or LAST_GOOD in output, output
 
 
 def every_worker_once(port: int, ctx: ssl.SSLContext, serial: str) -> dict[int, set[str]]:

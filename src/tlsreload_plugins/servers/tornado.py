@@ -8,13 +8,14 @@ loaded with the password of ``password_file`` or ``$TLSRELOAD_KEY_PASSWORD_FILE`
 dictionary has no key for). Tornado wraps each accepted connection with the context it was given: new
 connections get the newest valid certificate, established ones keep theirs.
 
-Worker lifecycle: :func:`reloading_tls` checks the files once, in the process that starts the server,
-and keeps the identity in a :class:`~tlsreload_plugins.lastgood.SharedStore`. Under
-``tornado.process.fork_processes`` that is the parent, before the fork: no thread runs there. Each
-process that serves then calls :meth:`ReloadingTLS.context` before its event loop starts; it gets a
-reloader checked in a daemon thread. A child ``fork_processes`` restarts (one that crashed or was
-killed) while the files are unusable serves the last good identity any process served, or, with none
-valid, waits for usable files (and exits with status 0 on SIGTERM, SIGINT or SIGQUIT meanwhile).
+Worker lifecycle: :func:`reloading_tls` checks the files once, in the process that starts the server. Under
+``tornado.process.fork_processes`` that is the parent: just before its first ``fork()`` (an ``os.register_at_fork``
+hook) it starts the server's one reader of the files (:mod:`tlsreload_plugins.publication`), and no thread runs
+there. Each process that serves then calls :meth:`ReloadingTLS.context` before its event loop starts; it gets a
+reloader checked in a daemon thread, which loads only what the reader published (a process that never forked reads
+the files itself, and pays for no reader). A child ``fork_processes`` restarts (one that crashed or was killed) serves
+the newest identity the reader published, whatever the files hold then; the reader, gone meanwhile, is started again
+before that fork.
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.files import password_file as password_in_file
-from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.memory_files import RecipeFor
+from tlsreload_plugins.publication.reader import ReaderFailed, ReaderProcess
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import Settings, Waiting, check_at_start, start_reloader
-from tlsreload_plugins.settings import resolve_password
+from tlsreload_plugins.settings import resolve_interval, resolve_password, resolve_sni_directories
 
 __all__ = ["SSL_OPTIONS", "ReloadingTLS", "reloaders", "reloading_tls"]
 
@@ -52,15 +53,37 @@ class ReloadingTLS:
     Made by :func:`reloading_tls` (no public constructor). :meth:`context` in each serving process.
     """
 
-    def __init__(
-        self, files: TLSFiles, recipe_for: RecipeFor, password: Password, settings: Settings, store: SharedStore
-    ) -> None:
+    def __init__(self, files: TLSFiles, recipe_for: RecipeFor, password: Password, settings: Settings) -> None:
         self.files = files
         self._recipe_for = recipe_for
         self._password = password
         self._settings = settings
-        self._store = store
         self._serving: dict[int, tuple[Reloader, ThreadDriver]] = {}
+        self._starter = os.getpid()
+        self._reader: ReaderProcess | None = None
+
+    def before_fork(self) -> None:
+        """Start the server's reader of the files, or start it again when it has gone: called just before every
+        ``fork()`` of the process that made this object (``fork_processes`` starting or restarting a child), as
+        long as that process serves nothing itself. Never raises: a reader that cannot start is one ERROR line,
+        and the children then read the files themselves."""
+        if os.getpid() != self._starter or os.getpid() in self._serving:
+            return
+        try:
+            if self._reader is not None:
+                self._reader.again()
+                return
+            settings = self._settings
+            self._reader = ReaderProcess(
+                self._settings.with_crl(self.files),
+                password=self._password,
+                interval=resolve_interval(settings.interval),
+                sni=resolve_sni_directories(settings.sni),
+            )
+        except (ReaderFailed, ValueError) as e:
+            log.error("cannot start the TLS reader (each process reads the TLS files itself): %s", e)
+        except Exception:  # in a fork hook, where nothing may stop the fork
+            log.exception("cannot start the TLS reader (each process reads the TLS files itself)")
 
     def context(self, stopped: Callable[[], bool] = lambda: False) -> ssl.SSLContext:
         """This process's :class:`ssl.SSLContext`, checked in a daemon thread until :meth:`close`; the same
@@ -74,8 +97,8 @@ class ReloadingTLS:
                 with status 0.
 
         Raises:
-            CannotServe: nothing valid to serve, in the files nor in the last good store (a bad setting, or
-                the store lost): one line.
+            CannotServe: nothing valid to serve, in the files nor in what the reader published (a bad setting):
+                one line.
         """
         pid = os.getpid()
         serving = self._serving.get(pid)
@@ -88,8 +111,8 @@ class ReloadingTLS:
             self._recipe_for,
             password=self._password,
             settings=self._settings,
-            store=self._store,
             waiting=Waiting(leave=_leave, stopped=stopped),
+            publication=self._reader.directory if self._reader is not None else None,
         )
         driver = ThreadDriver(reloader).start()
         self._serving = {pid: (reloader, driver)}  # a forked child inherits its parent's entries, not their threads
@@ -195,8 +218,8 @@ def reloading_tls(
     settings = Settings(
         interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics, crl, authorize
     )
-    store = SharedStore()  # before the fork: every child shares it, and a restarted one reads it
-    check_at_start(files, lambda: recipe_for(files), password, settings, store)
-    tls = ReloadingTLS(files, recipe_for, password, settings, store)
+    check_at_start(files, lambda: recipe_for(files), password, settings, None)
+    tls = ReloadingTLS(files, recipe_for, password, settings)
+    os.register_at_fork(before=tls.before_fork)  # fork_processes forks with os.fork(), and has no hook of its own
     _made.append(tls)
     return tls

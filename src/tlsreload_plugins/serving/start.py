@@ -299,11 +299,10 @@ def check_at_start(
             started = ReaderProcess(files, password=password, interval=interval, sni=sni)
             # The server's own recipe too, once, as a worker will build it: a hook that raises stops the start here.
             retry_at_start(lambda: build_context(recipe, files))
-        elif store is None:
-            raise ValueError("a server without a reader keeps its identity for its processes in a store: pass one")
         else:
             snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, recipe, password))
-            store.write(snapshot, leaf=leaf)
+            if store is not None:
+                store.write(snapshot, leaf=leaf)
     except (ReloadError, ValueError, ReaderFailed) as e:  # ValueError: a bad setting
         if started is not None:
             started.close()

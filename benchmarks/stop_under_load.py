@@ -11,9 +11,10 @@ in turn (``--moments``):
 
 * ``start``: a random time up to ``--early`` seconds after both were started (under load, often before or while
   CherryPy starts, in the middle of the adapter's start-up);
-* ``served``: each side the moment it has answered its first HTTPS request (CherryPy's HTTP server serves from its thread
-  while the main thread is still in ``engine.start()``);
+* ``served``: each side the moment it has answered its first HTTPS request (CherryPy's HTTP server serves from its
+  thread while the main thread is still in ``engine.start()``);
 * ``serving``: up to 0.3 s after both served;
+* ``started``: up to 0.3 s after both served and CherryPy logged "Bus STARTED" (as tests/test_cheroot.py signals it);
 * ``rotated``: right after a rotation of the files (the plugin reloading in its thread) and a few requests.
 
 ``--sigint``: how the servers get SIGINT: at its default, as from a terminal (default); ``ignored``, as a job a
@@ -23,8 +24,8 @@ as the example does (``server.stop()`` from a thread on SIGTERM and SIGINT).
 
 A side that has not stopped within ``--timeout`` seconds is a hang: its Python stacks (``py-spy dump``, when
 py-spy is installed) and its log are kept under ``--keep`` (default: a new temporary directory), then its process
-group is killed. The table: per side and signal, the trials, the median and maximum stop time, and the hangs;
-below it every hang, with the moment and CherryPy's phase at the signal, from its log (``before start``: no
+group is killed. The table: per side and signal, the trials, the median and maximum stop time, and the hangs; then
+plugin/stock ratios of the median and maximum; below them every hang, with the moment and CherryPy's phase at the signal, from its log (``before start``: no
 "Bus STARTING" yet; ``starting``: no "Bus STARTED" yet; ``started``).
 
     python benchmarks/stop_under_load.py                        # 2 hogs, 24 trials per signal: 3-5 min
@@ -271,6 +272,10 @@ def run_trial(args: argparse.Namespace, number: int, sig: str, moment: str, pair
             for side in trial.sides.values():
                 if not wait_for(lambda side=side: answers(side.port, ctx), 60.0):
                     raise RuntimeError(f"{side.name} did not serve within 60 s:\n{side.output()[-2000:]}")
+            if moment == "started" and args.way == "cherrypy":  # as the tests signal CherryPy
+                for side in trial.sides.values():
+                    if not wait_for(lambda side=side: "Bus STARTED" in side.output(), 60.0):
+                        raise RuntimeError(f"{side.name}: no 'Bus STARTED' within 60 s:\n{side.output()[-2000:]}")
             if moment == "rotated":
                 pair.rotate()
                 for _ in range(3):
@@ -336,6 +341,17 @@ def report(trials: Sequence[Trial], args: argparse.Namespace, keep: Path) -> str
             median = f"{statistics.median(times):.2f}" if times else "-"
             worst = f"{max(times):.2f}" if times else "-"
             lines.append(f"| {name} | SIG{sig} | {len(sides)} | {median} | {worst} | {hangs} |")
+    lines += ["", "plugin/stock, per signal: median stop, max stop; hangs plugin vs stock", ""]
+    for sig in sorted({t.sig for t in trials}):
+        stops = {name: [t.sides[name].stopped_after for t in trials if t.sig == sig] for name in SIDES}
+        done = {name: [x for x in values if x is not None] for name, values in stops.items()}
+        hangs = {name: len(stops[name]) - len(done[name]) for name in SIDES}
+        if all(done.values()):
+            median = statistics.median(done["plugin"]) / max(statistics.median(done["stock"]), 1e-3)
+            worst = max(done["plugin"]) / max(max(done["stock"]), 1e-3)
+            lines.append(f"* SIG{sig}: {median:.2f}x, {worst:.2f}x; {hangs['plugin']} vs {hangs['stock']}")
+        else:
+            lines.append(f"* SIG{sig}: - (a side never stopped); {hangs['plugin']} vs {hangs['stock']}")
     hung = [(t, s) for t in trials for s in t.sides.values() if s.stopped_after is None]
     if hung:
         lines += ["", "Hangs (stacks and logs kept in " + str(keep) + "):", ""]
@@ -394,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=24, help="trials per signal (default 24)")
     parser.add_argument("--signals", default="INT,TERM", help="comma-separated: INT, TERM (default both)")
     parser.add_argument(
-        "--moments", default="start,served,serving,rotated", help="the moments, in turn (default: all four)"
+        "--moments", default="start,served,serving,started,rotated", help="the moments, in turn (default: all five)"
     )
     parser.add_argument("--early", type=float, default=2.5, help="a start+S moment's S is up to this (default 2.5)")
     parser.add_argument("--hogs", type=int, default=2, help="busy-loop processes beside the servers (default 2)")

@@ -58,6 +58,10 @@ class TLSFiles(FrozenRecord):
         return " ".join(parts)
 
 
+Parts = tuple[bytes, "bytes | None", "bytes | None", "bytes | None"]
+"""The bytes of a certificate, key, client-CA and CRL file, in that order (``None``: no such file)."""
+
+
 class Snapshot(FrozenRecord):
     """The bytes of each file as read in one check."""
 
@@ -75,7 +79,7 @@ class Snapshot(FrozenRecord):
         self._set(files, cert, key, ca, crl)
 
     @property
-    def parts(self) -> tuple[bytes, bytes | None, bytes | None, bytes | None]:
+    def parts(self) -> Parts:
         """The bytes of the certificate, key, client-CA and CRL files, in that order (``None``: no such file)."""
         return self.cert, self.key, self.ca, self.crl
 

@@ -268,6 +268,7 @@ class Reloader:
             live.sni_callback = self._on_client_hello
             self._created_on_newest(live, snapshot)
         self._fingerprint = fingerprint(snapshot)
+        self._served = snapshot
         if demand is not None and shares_trust:
             demand.served = identity_hash(snapshot)
         self._leaf = leaf
@@ -471,6 +472,7 @@ class Reloader:
         old = self._leaf
         self._newest_for_connections(context, snapshot)  # on demand too: built already, off the event loop
         self._fingerprint = observed_fingerprint
+        self._served = snapshot
         self._known_bad = None
         self._leaf = leaf
         self._warned = (None, None)
@@ -680,6 +682,12 @@ class Reloader:
         if demand is not None and self._last_good is not None:
             with self._lock:
                 demand.validated = None
+
+    @property
+    def served(self) -> Snapshot:
+        """The bytes of the identity new handshakes get, as they were validated (whatever the files hold by now): for a
+        server whose TLS takes bytes rather than a context (gRPC's)."""
+        return self._served
 
     @property
     def validated(self) -> Snapshot | None:

@@ -9,9 +9,9 @@ of every server: a torn, mismatched, expired or hostile pair never reaches gRPC;
 failure is reported once, file named, counted in ``status()`` and metrics.
 
 The reloader's recipe builds a plain :class:`ssl.SSLContext` (OpenSSL's verdict on the files). gRPC gets exactly the
-bytes the reloader validated and put in service, as this process's last good store
-(:class:`~tlsreload_plugins.lastgood.SharedStore`) keeps them: the configured pair first (what a handshake naming no
-listed server gets), then each SNI identity's (gRPC picks by server name), and the client-CA bundle.
+bytes the reloader validated and put in service (:attr:`Reloader.served <tlsreload_plugins.Reloader.served>`): the
+configured pair first (what a handshake naming no listed server gets), then each SNI identity's (gRPC picks by server
+name), and the client-CA bundle.
 """
 
 from __future__ import annotations
@@ -32,12 +32,8 @@ except ImportError as e:  # the [grpc] extra: one clear line instead of a bare M
 
 from tlsreload_plugins.authorization import AUTHORIZE_ENV, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
-from tlsreload_plugins.examine import load_identity
-from tlsreload_plugins.files import Password, TLSFiles, password_bytes
+from tlsreload_plugins.files import Parts, Password, TLSFiles, password_bytes
 from tlsreload_plugins.files import password_file as password_in_file
-from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.store import DEFAULT, SharedStore
-from tlsreload_plugins.lastgood.table import Parts
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.configured import server_context
@@ -78,11 +74,10 @@ class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused
         handed: how many new configurations gRPC took since start-up (each for the connections accepted after it).
     """
 
-    def __init__(self, reloader: Reloader, store: SharedStore, require_client_auth: bool) -> None:
+    def __init__(self, reloader: Reloader, require_client_auth: bool) -> None:
         self.reloader = reloader
-        self._store = store
         self._lock = threading.Lock()  # one build at a time: a reload_now's callbacks may overlap the ticker's
-        self._served = _served(reloader, store)
+        self._served = _served(reloader)
         self._refused: list[tuple[str, Parts]] | None = None
         self._newest = _configuration(self._served, reloader.password)
         self._handed = self._newest  # gRPC takes the initial configuration itself
@@ -109,7 +104,7 @@ class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused
 
     def _after_check(self, outcome: Outcome, status: Status) -> None:
         # In the checking thread, after the SNI identities were checked too (their callback came first).
-        served = _served(self.reloader, self._store)
+        served = _served(self.reloader)
         if served == self._served or served == self._refused:  # the usual tick: the same bytes objects
             return
         with self._lock:
@@ -214,36 +209,30 @@ def server_credentials(
     password = resolve_password(password_in_file(password_file) if password_file else None)
     files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(ca_certs) if ca_certs else None)
     recipe_for = functools.partial(server_context, password=password)  # OpenSSL's verdict on files, never served
-    store = SharedStore()  # this process's own: what each reloader validated and serves, as bytes
-    snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, lambda: recipe_for(files), password))
-    store.write(snapshot, leaf=leaf)
-    reloader = Reloader(
-        files.certfile,
-        files.keyfile,
-        recipe=lambda: recipe_for(files),
-        ca_certs=files.ca_certs,
-        password=password,
-        interval=interval,
-        last_good=LastGood(store, recipe_for),
+    reloader = retry_at_start(
+        lambda: Reloader(
+            files.certfile,
+            files.keyfile,
+            recipe=lambda: recipe_for(files),
+            ca_certs=files.ca_certs,
+            password=password,
+            interval=interval,
+        )
     )
     equip(reloader, settings, recipe_for)
     require = bool(ca_certs) if require_client_auth is None else require_client_auth
-    credentials = ReloadingCredentials(reloader, store, require)
+    credentials = ReloadingCredentials(reloader, require)
     with _open_lock:
         _open[reloader] = os.getpid()
     credentials._driver.start()
     return credentials
 
 
-def _served(reloader: Reloader, store: SharedStore) -> list[tuple[str, Parts]]:
-    """The bytes each identity's reloader validated and serves now, by name, the configured one first."""
-    served: list[tuple[str, Parts]] = []
+def _served(reloader: Reloader) -> list[tuple[str, Parts]]:
+    """The bytes each identity's reloader validated and serves now, by name, the configured one first (named "")."""
     identities = sni.for_reloader(reloader)
-    for name in [DEFAULT, *(identities.reloaders() if identities is not None else ())]:
-        parts = store.read(name)
-        if parts is not None:
-            served.append((name, parts))
-    return served
+    named = identities.reloaders() if identities is not None else {}
+    return [("", reloader.served.parts), *((name, each.served.parts) for name, each in named.items())]
 
 
 def _configuration(served: list[tuple[str, Parts]], password: Password) -> grpc.ServerCertificateConfiguration:

@@ -13,8 +13,9 @@ in turn (``--moments``):
   CherryPy starts, in the middle of the adapter's start-up);
 * ``served``: each side the moment it has answered its first HTTPS request (CherryPy's HTTP server serves from its
   thread while the main thread is still in ``engine.start()``);
-* ``serving``: up to 0.3 s after both served;
-* ``started``: up to 0.3 s after both served and CherryPy logged "Bus STARTED" (as tests/test_cheroot.py signals it);
+* ``serving``: each side up to 0.5 s after both served;
+* ``started``: each side up to 0.5 s after both served and CherryPy logged "Bus STARTED" (as tests/test_cheroot.py
+  signals it);
 * ``rotated``: right after a rotation of the files (the plugin reloading in its thread) and a few requests.
 
 ``--sigint``: how the servers get SIGINT: at its default, as from a terminal (default); ``ignored``, as a job a
@@ -25,8 +26,10 @@ as the example does (``server.stop()`` from a thread on SIGTERM and SIGINT).
 A side that has not stopped within ``--timeout`` seconds is a hang: its Python stacks (``py-spy dump``, when
 py-spy is installed) and its log are kept under ``--keep`` (default: a new temporary directory), then its process
 group is killed. The table: per side and signal, the trials, the median and maximum stop time, and the hangs; then
-plugin/stock ratios of the median and maximum; below them every hang, with the moment and CherryPy's phase at the signal, from its log (``before start``: no
-"Bus STARTING" yet; ``starting``: no "Bus STARTED" yet; ``started``).
+plugin/stock ratios of the median and maximum; below them every hang, with the moment and CherryPy's phase at the
+signal, from its log (``before start``: no "Bus STARTING" yet; ``starting``: no "Bus STARTED" yet; ``started``).
+
+The servers import tlsreload_plugins as this process would: ``PYTHONPATH=/a/copy/src`` runs another copy of it.
 
     python benchmarks/stop_under_load.py                        # 2 hogs, 24 trials per signal: 3-5 min
     python benchmarks/stop_under_load.py --quick                # 4 trials per signal
@@ -62,6 +65,7 @@ EXAMPLE = ROOT / "examples" / "cheroot_app.py"
 INTERVAL = "0.3"  # as tests/test_cheroot.py
 SIDES = ("stock", "plugin")
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}
+CYCLE = 0.5  # cheroot's HTTPServer.expiration_interval: its stop waits for the select() of that timeout to return
 
 
 # --- the stock servers ------------------------------------------------------------------------------
@@ -281,8 +285,11 @@ def run_trial(args: argparse.Namespace, number: int, sig: str, moment: str, pair
                 for _ in range(3):
                     for side in trial.sides.values():
                         answers(side.port, ctx)
-            time.sleep(random.uniform(0.0, 0.3))
-            signal_sides(trial.sides.values(), sig, args.way)
+            # Each side at a moment of its own: cheroot's stop waits for its connection loop's select() (0.5 s, from
+            # the moment it started serving); signalled together, the side that started later would always wait longer.
+            for side in random.sample(list(trial.sides.values()), len(trial.sides)):
+                time.sleep(random.uniform(0.0, CYCLE))
+                signal_sides([side], sig, args.way)
         waiters = [threading.Thread(target=await_exit, args=(side, args.timeout)) for side in trial.sides.values()]
         for waiter in waiters:
             waiter.start()
@@ -361,7 +368,8 @@ def report(trials: Sequence[Trial], args: argparse.Namespace, keep: Path) -> str
         for s in t.sides.values():
             if s.stopped_after is not None:
                 codes[(s.name, t.sig, s.code)] = codes.get((s.name, t.sig, s.code), 0) + 1
-    lines += ["", "Exit statuses: " + ", ".join(f"{n} SIG{g} {c}: {k}" for (n, g, c), k in sorted(codes.items()))]
+    statuses = ", ".join(f"{n} SIG{g} {c}: {k}" for (n, g, c), k in sorted(codes.items()))
+    lines += ["", "Exit statuses: " + (statuses or "- (none stopped)")]
     return "\n".join(lines)
 
 

@@ -29,7 +29,6 @@ import benchkit as kit
 BENCHMARKS: dict[str, list[str]] = {
     "check_cost": [],
     "reload_memory": [],
-    "store_writes": [],
     "callback_cost": [],
     "handshake_throughput": [],
     "rotation_latency": [],

@@ -21,9 +21,6 @@ from tls_server import make_recipe, serving
 from tlsreload_plugins import InvalidIdentity, Outcome, Reloader
 from tlsreload_plugins.files import Snapshot, read_files
 from tlsreload_plugins.identity import Leaf, judge_period, validate
-from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.lastgood.table import decode, encode
 from tlsreload_plugins.revocation import Revocation, crl_blocks
 from tlsreload_plugins.settings import CRL_ENV
 from tlstest import HOST, crl_pem, issue, replace_file
@@ -118,12 +115,10 @@ def test_crl_blocks_split_a_file_of_several() -> None:
     assert len(crl_blocks(two, "x")) == 2
 
 
-def test_a_leaf_with_its_crls_travels_as_json_and_through_the_store(mtls: Mtls) -> None:
+def test_a_leaf_with_its_crls_travels_as_json(mtls: Mtls) -> None:
     snapshot = snapshot_with(mtls, crl_pem(mtls.client_ca, mtls.holder))
     leaf = validate(snapshot)
     assert Leaf.from_fields(leaf.fields()) == leaf
-    table = decode(encode({"": (snapshot.parts, leaf)}))
-    assert table[""] == (snapshot.parts, leaf)
 
 
 # --- a reloader serving a CRL to real clients -------------------------------------------------------------------
@@ -208,18 +203,6 @@ def test_a_connection_accepted_before_a_revocation_handshakes_with_the_new_crl(m
     assert early[0].answer(straddled.client(mtls.other)).ok, "a client nobody revoked was refused on a straddler"
     assert not early[1].answer(straddled.client(mtls.holder)).ok, "a revoked client got in on a straddler"
     refused_as_resumed(early[2], straddled, mtls.holder)
-
-
-def test_the_last_good_identity_keeps_its_crl(mtls: Mtls) -> None:
-    replace_file(mtls.crl, crl_pem(mtls.client_ca, mtls.holder))
-    store = SharedStore()
-    recipe_for = lambda files: make_recipe(files.certfile, files.keyfile, files.ca_certs)()  # noqa: E731
-    snapshot = read_files(mtls.files)
-    store.write(snapshot, leaf=validate(snapshot))
-    context = LastGood(store, recipe_for).context(snapshot)
-    with serving(context) as port:
-        assert gets_in(port, mtls.client(mtls.other))[0]
-        assert not gets_in(port, mtls.client(mtls.holder))[0], "the last good context lost its CRL"
 
 
 def test_a_crl_needs_a_client_ca_bundle(mtls: Mtls) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import trustme
 
-import tlsreload_plugins.lastgood.last_good
 import tlsreload_plugins.validation.apart
 from hostile import HOSTILE
 from tls_server import make_recipe, serving

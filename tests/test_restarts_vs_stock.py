@@ -249,8 +249,10 @@ def started(model: str, plugin: bool, layout: KubeletLayout, root: Path) -> Abst
 
 
 def stopped_itself(side: str, server: Server) -> str:
-    """How ``server``, which has exited, stopped: hypercorn's own stop (see the module docstring), stock's
-    behaviour, in either server; any other exit raises an ``AssertionError`` with the server's output."""
+    """How ``server``, which has exited or is stopping (it refused a connection), stopped: hypercorn's own stop (see
+    the module docstring), stock's behaviour, in either server; any other exit, or none, raises an
+    ``AssertionError`` with the server's output."""
+    wait_until(lambda: server.proc.poll() is not None, DEADLINE, what=f"the {side} server, which refused, to exit")
     output = server.output()
     if HYPERCORN_STOPS_ITSELF not in output:
         raise AssertionError(output)
@@ -309,13 +311,17 @@ def window(
     def a_stop() -> bool:
         now = time.monotonic()
         for side, server in servers.items():
-            if side not in seen and server.proc.poll() is not None:
+            # Gone, or refusing: its parent has closed the listening sockets, and is stopping (a parent that
+            # closes a reader of its files first takes a little longer to exit, and is refused for that long).
+            refusing = side in traffic and any(request.refused for request in traffic[side].log)
+            if side not in seen and (server.proc.poll() is not None or refusing):
                 seen[side] = now
         return bool(seen)
 
+    traffic: dict[str, Requests] = {}
     begin = time.monotonic()
     with ExitStack() as threads:
-        traffic = {side: Requests(server.port, ctx, threads=CLIENTS) for side, server in servers.items()}
+        traffic.update((side, Requests(server.port, ctx, threads=CLIENTS)) for side, server in servers.items())
         for requests in traffic.values():
             threads.enter_context(requests)
         for share, step in steps:

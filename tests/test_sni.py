@@ -21,8 +21,6 @@ import trustme
 
 from tls_server import make_recipe, serving
 from tlsreload_plugins import Reloader, SNIIdentities, ThreadDriver, TLSFiles, metrics
-from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.sni.discovery import SNI_ENV, resolve_directories
 from tlsreload_plugins.sni.identities import for_reloader
 from tlsreload_plugins.sni.table import host_names
@@ -122,7 +120,6 @@ def sni_server(
     ca: trustme.CA,
     directories: list[str] | str | None,
     *,
-    store: SharedStore | None = None,
     with_metrics: bool = False,
 ) -> Iterator[Setup]:
     """A server with its default identity in ``tmp_path/default`` (kept as it is when it exists already,
@@ -133,10 +130,7 @@ def sni_server(
     else:
         default = install(default_layout, issue(ca, "default.test"))
     files = TLSFiles(str(default_layout.cert_path), str(default_layout.key_path))
-    last_good = LastGood(store, recipe_for) if store is not None else None
-    reloader = Reloader(
-        files.certfile, files.keyfile, recipe=lambda: recipe_for(files), interval=INTERVAL, last_good=last_good
-    )
+    reloader = Reloader(files.certfile, files.keyfile, recipe=lambda: recipe_for(files), interval=INTERVAL)
     if with_metrics:
         assert metrics.observe(reloader)
     identities = SNIIdentities.attach(reloader, directories, recipe_for=recipe_for)
@@ -187,16 +181,13 @@ def test_an_exact_name_beats_a_wildcard_one_label_deep(tmp_path: Path, ca: trust
         assert sni_serial(s.port, any_name, "a.b.example.test") == s.default.serial
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared-store"])
 def test_an_exact_identity_removed_hands_its_names_to_the_wildcard_without_a_failed_handshake(
-    tmp_path: Path, ca: trustme.CA, shared: bool
+    tmp_path: Path, ca: trustme.CA
 ) -> None:
-    """As gunicorn's workers run it (``shared``), the identities' bytes are in the store the workers share."""
     sni = tmp_path / "sni"
     wild = install(KubeletLayout(sni / "wild"), issue(ca, "*.example.test"))
     install(KubeletLayout(sni / "www"), issue(ca, "www.example.test"))
-    store = SharedStore() if shared else None
-    with sni_server(tmp_path, ca, str(sni), store=store) as s:
+    with sni_server(tmp_path, ca, str(sni)) as s:
         ctx = verifying(ca)
         # A handshake that looked the name up just before the identity went still gets that identity's certificate.
         looked_up = s.identities.reloader_for("www.example.test")
@@ -474,48 +465,6 @@ def test_without_metrics_on_the_default_no_identity_exports_any(tmp_path: Path, 
         assert set(s.identities.status()) == {"quiet"}
         labels = {"certfile": str(layout.cert_path), "identity": "quiet"}
         assert prometheus_client.REGISTRY.get_sample_value("tlsreload_checks_total", labels) is None
-
-
-def test_a_process_started_on_broken_files_serves_each_identity_s_last_good(
-    tmp_path: Path, ca: trustme.CA, caplog: pytest.LogCaptureFixture
-) -> None:
-    """What a worker restarted while one identity's files are broken does: a new server on the same shared
-    store serves that identity's last good leaf for its names (not the default), the others from their files."""
-    sni = tmp_path / "sni"
-    layout_a = KubeletLayout(sni / "a")
-    install(layout_a, issue(ca, "a.test"))
-    b = install(KubeletLayout(sni / "b"), issue(ca, "b.test"))
-    store = SharedStore()
-    caplog.set_level(logging.INFO, logger="tlsreload_plugins")
-    with sni_server(tmp_path, ca, str(sni), store=store) as first:
-        a2 = install(layout_a, issue(ca, "a.test"))  # rotated while running: the newest is what is kept
-        wait_until(lambda: sni_serial(first.port, verifying(ca), "a.test") == a2.serial, DEADLINE, what="a rotated")
-        wait_until(lambda: store.read("a") == (a2.chain, a2.key, None, None), DEADLINE, what="a's new pair kept")
-        layout_a.write_raw(a2.chain, issue(ca, "a.test").key)  # then broken
-        with sni_server(tmp_path, ca, str(sni), store=store) as restarted:
-            assert sni_serial(restarted.port, verifying(ca), "a.test") == a2.serial
-            assert sni_serial(restarted.port, verifying(ca), "b.test") == b.serial
-            assert restarted.identities.status()["a"].last_error is not None
-            a3 = install(layout_a, issue(ca, "a.test"))
-            wait_until(lambda: sni_serial(restarted.port, verifying(ca), "a.test") == a3.serial, DEADLINE, what="a3")
-        warnings = [r.getMessage() for r in caplog.records if "serving the last good certificate" in r.getMessage()]
-        assert len(warnings) == 1 and str(layout_a.key_path) in warnings[0], warnings
-        # Removed from its directory: forgotten, so that a later process never serves it again.
-        _remove_tree(sni / "a")
-        wait_until(lambda: store.read("a") is None, DEADLINE, what="a forgotten once removed")
-        assert store.read("b") == (b.chain, b.key, None, None)
-
-
-def test_an_identity_never_served_before_is_not_served_broken(tmp_path: Path, ca: trustme.CA) -> None:
-    sni = tmp_path / "sni"
-    layout = KubeletLayout(sni / "fresh")
-    pair = issue(ca, "fresh.test")
-    layout.write_raw(pair.chain, issue(ca, "fresh.test").key)
-    store = SharedStore()
-    with sni_server(tmp_path, ca, str(sni), store=store) as s:
-        assert "fresh" in s.identities.unserved()
-        assert sni_serial(s.port, trusting(ca), "fresh.test") == s.default.serial
-        assert store.read("fresh") is None
 
 
 def _remove_tree(directory: Path) -> None:

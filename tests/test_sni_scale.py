@@ -19,10 +19,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from test_sni import recipe_for, sni_serial, sni_server, trusting, verifying
-from tls_server import serving
-from tlsreload_plugins import SNIIdentities
-from tlsreload_plugins.lastgood.store import SharedStore
+from test_sni import sni_serial, sni_server, trusting, verifying
 from tlsreload_plugins.sni.contexts import CONTEXTS
 from tlstest import KubeletLayout, Pair, free_port, issue, run_server, wait_until
 
@@ -174,31 +171,6 @@ def test_directories_added_and_removed_among_many_while_running(tmp_path: Path, 
         wait_until(lambda: sni_serial(s.port, trusting(ca), gone) == s.default.serial, DEADLINE, what="removed")
         assert s.identities.summary().identities == 150
         every_name_gets_its_own_leaf(s.port, ca, many, ["site0099", "site0101"])
-
-
-def test_a_name_asked_of_a_process_behind_a_rotation_gets_the_new_leaf(tmp_path: Path, ca: trustme.CA) -> None:
-    """Two processes of one server share a store; the first checks a rotation of an identity nobody asked for,
-    and keeps the new bytes; the second, not checked since, is asked for that name: the bytes it validated
-    are neither on disk nor in the store any more, so it judges the files then and there."""
-    many = many_identities(tmp_path, ca, 5)
-    store = SharedStore()
-    first = SNIIdentities(str(many.sni), recipe_for=recipe_for, store=store, interval=INTERVAL)
-    second = SNIIdentities(str(many.sni), recipe_for=recipe_for, store=store, interval=INTERVAL)
-    identity = "site0002"
-    rotated = issue(ca, many.names[identity])
-    many.layouts[identity].install(rotated)
-
-    def first_rotated() -> bool:
-        first.check()
-        return first.reloaders()[identity].leaf.serial == rotated.serial
-
-    wait_until(first_rotated, DEADLINE, what="the first process reloaded")
-    assert store.read(identity) == (rotated.chain, rotated.key, None, None)
-    assert second.reloaders()[identity].leaf.serial == many.pairs[identity].serial  # not checked yet
-    context = second.context_for(many.names[identity])
-    assert context is not None
-    with serving(context) as port:
-        assert sni_serial(port, verifying(ca), many.names[identity]) == rotated.serial
 
 
 # --- real servers: tlsreload-uvicorn (one process) and gunicorn gthread (2 workers) ---------------

@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import ssl
 import threading
-from pathlib import Path
 
 import pytest
 import trustme
 
-import tlsreload_plugins.examine
-import tlsreload_plugins.sni.ahead
-from tlsreload_plugins import SNIIdentities
 from tlsreload_plugins.errors import InvalidIdentity
-from tlsreload_plugins.files import Snapshot, TLSFiles, read_files
+from tlsreload_plugins.files import Snapshot, TLSFiles
 from tlsreload_plugins.identity import Leaf, validate
-from tlsreload_plugins.lastgood.last_good import keep_all_valid
-from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.sni.discovery import discover
 from tlsreload_plugins.validation import apart as validate_apart
-from tlstest import issue, sni_tree
+from tlstest import issue
 
 
 @pytest.fixture
@@ -69,33 +62,3 @@ def test_a_large_batch_is_split_across_children_with_the_verdicts_one_child_give
         except InvalidIdentity as e:
             expected = str(e)
         assert (verdict if isinstance(verdict, Leaf) else str(verdict)) == expected
-
-
-def test_a_process_started_after_the_arbiter_validated_every_identity_reads_each_once_and_validates_none(
-    tmp_path: Path, ca: trustme.CA, children: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sni = tmp_path / "sni"
-    pairs = sni_tree(sni, ca, 8)
-    store = SharedStore()
-    refused = keep_all_valid(discover([str(sni)]), None, store)  # the arbiter, before it forks
-    assert list(refused) == ["broken"] and children == [9]
-
-    reads: list[str] = []
-    for module in (tlsreload_plugins.sni.ahead, tlsreload_plugins.examine):
-        real = module.read_files
-
-        def counting(files: TLSFiles, real: object = real) -> Snapshot:
-            reads.append(files.certfile)
-            return real(files)  # type: ignore[operator, no-any-return]
-
-        monkeypatch.setattr(module, "read_files", counting)
-    identities = SNIIdentities(str(sni), recipe_for=recipe_for, interval=60, store=store)  # type: ignore[arg-type]
-    assert children == [9]  # nothing validated again: the verdicts and the refusal are the arbiter's
-    assert sorted(reads) == sorted({str(sni / name / "tls.crt") for name in [*pairs, "broken"]})  # each read once
-    summary = identities.summary()
-    assert (summary.valid, list(summary.refused)) == (8, ["broken"]), summary
-    assert identities.unserved()["broken"].startswith(refused["broken"])  # with: no last good one kept
-    assert {name: reloader.leaf.serial for name, reloader in identities.reloaders().items()} == {
-        name: pair.serial for name, pair in pairs.items()
-    }
-    assert read_files(identities.reloaders()["site3"].files).cert == pairs["site3"].chain

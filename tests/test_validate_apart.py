@@ -8,7 +8,6 @@ import contextlib
 import functools
 import logging
 import os
-import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,9 +21,6 @@ from tlsreload_plugins import SNIIdentities
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.files import Snapshot, TLSFiles, read_files
 from tlsreload_plugins.identity import Leaf, validate
-from tlsreload_plugins.lastgood.last_good import keep_all_valid
-from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.sni.discovery import discover
 from tlsreload_plugins.validation import apart as validate_apart
 from tlsreload_plugins.validation import child as validate_child
 from tlstest import issue, sni_tree, with_password
@@ -202,58 +198,6 @@ def test_a_stalled_child_is_killed_its_identity_named_and_a_new_child_judges_the
     assert pipes() == fds
 
 
-def test_a_resident_child_judges_batch_after_batch_until_it_has_waited_idle(ca: trustme.CA) -> None:
-    """A keeper's child (Resident) starts once for a burst of batches, gives each the verdicts a child of its own
-    would, and leaves, reaped, its pipes closed, once it has waited its idle time for a batch."""
-    fds, before = pipes(), children()
-    resident = validate_child.Resident(idle=3600.0)
-    started: set[str] = set()
-    for batch in range(3):
-        pairs = [issue(ca) for _ in range(3)]
-        items = [(snapshot_of(p.chain, p.key, f"site{batch}-{i}"), None) for i, p in enumerate(pairs)]
-        items.append((snapshot_of(pairs[0].chain, pairs[1].key, f"mismatched{batch}"), None))
-        verdicts = resident.validate(items)  # type: ignore[arg-type]
-        assert all(same(v, in_process(snapshot)) for v, (snapshot, _) in zip(verdicts, items, strict=True))
-        started |= children() - before
-        assert len(started) == 1 and resident.alive  # the same child, still there
-    resident.stop_if_idle()  # not idle long enough
-    assert resident.alive and children() - before == started
-    # Killed while it waited for a batch: the next batch gets a new child, and verdicts, not a refusal.
-    os.kill(int(next(iter(started)).split()[0]), signal.SIGKILL)
-    again = issue(ca)
-    assert resident.validate([(snapshot_of(again.chain, again.key, "after"), None)])[0] == in_process(
-        snapshot_of(again.chain, again.key, "after")
-    )
-    assert len(children() - before) == 1 and children() - before != started
-    resident.idle = 0.0
-    resident.stop_if_idle()
-    assert not resident.alive
-    assert children() <= before
-    assert pipes() == fds
-
-
-def test_a_resident_child_that_stalls_or_crashes_is_replaced_by_a_new_one(ca: trustme.CA) -> None:
-    command = [sys.executable, "-c", MISBEHAVING, validate_child._PACKAGE]
-    fds, before = pipes(), children()
-    resident = validate_child.Resident(idle=0.0)
-    good = issue(ca)
-    first = resident.validate([(snapshot_of(good.chain, good.key, "first"), None)], command=command, item_wait=1.0)
-    assert isinstance(first[0], Leaf) and resident.alive
-    stalled = resident.validate(
-        [(snapshot_of(b"STALL" + good.chain, good.key, "stalls"), None)], command=command, item_wait=1.0
-    )
-    assert isinstance(stalled[0], InvalidIdentity) and "took longer than 1 s: stopped" in str(stalled[0])
-    assert not resident.alive and children() <= before  # killed and reaped
-    crashed = resident.validate(
-        [(snapshot_of(good.chain, good.key, "again"), None), (snapshot_of(b"CRASH" + good.chain, good.key, "x"), None)],
-        command=command,
-        item_wait=1.0,
-    )
-    assert isinstance(crashed[0], Leaf) and "ended without a verdict (exit status 9)" in str(crashed[1])
-    assert not resident.alive and children() <= before
-    assert pipes() == fds
-
-
 def test_no_child_can_start_validation_runs_here_said_once(
     ca: trustme.CA, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -308,6 +252,3 @@ def test_sni_identities_found_at_start_are_validated_by_one_child(
     summary = identities.summary()
     assert (summary.valid, list(summary.refused)) == (12, ["broken"]), summary
     assert "does not match" in identities.unserved()["broken"]
-    refused = keep_all_valid(discover([str(sni)]), None, SharedStore())  # a gunicorn arbiter's, before it forks
-    assert in_a_child == [13, 13]
-    assert list(refused) == ["broken"] and "does not match" in refused["broken"]

@@ -26,16 +26,9 @@ class InvalidIdentity(ReloadError):
         self.path = path
 
 
-class NotAtHand(InvalidIdentity):
-    """An on-demand context cannot be built inside this handshake: the bytes validated for it are not in memory
-    (another process of the server moved the shared store on to bytes it kept no verdict with). Not a refusal:
-    the identity's next check, off the event loop, catches up."""
-
-
 class Unjudged(InvalidIdentity):
     """The refusal of an identity validation stopped or ended over before its verdict (a hostile file, a crash
-    of the child validating it): refused, as validation would not vouch for it, but not a verdict on its bytes
-    another process may take."""
+    of the child validating it): refused, as validation would not vouch for it, but not a verdict on its bytes."""
 
 
 class NotServable(ReloadError):

@@ -1,11 +1,11 @@
 """Reading and judging a reloader's files, deciding nothing: what a reloader serves first, and the blocking
 half of each check.
 
-:func:`first_identity` (and :func:`first_leaf`, for a reloader that builds its context on first use) is what
-a reloader starts serving; :func:`examine_files` is what :meth:`Reloader.examine
-<tlsreload_plugins.reloader.Reloader.examine>` runs, in a thread of its own or a gevent threadpool, and
-:class:`Examined` what it hands back for the reloader to decide on under its lock. :func:`build_context` and
-:func:`load_identity` are the steps a reloader takes before it serves anything, usable on their own.
+:func:`load_identity` (and :func:`first_leaf`, for a reloader that builds its context on first use) is what
+a reloader starts serving, usable on their own for start-up checks; :func:`examine_files` is what
+:meth:`Reloader.examine <tlsreload_plugins.reloader.Reloader.examine>` runs, in a thread of its own or a gevent
+threadpool, and :class:`Examined` what it hands back for the reloader to decide on under its lock. :func:`judge` is
+the one place a reloader's bytes are validated.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ import ssl
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError, Unjudged
+from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_digest, read_files
 from tlsreload_plugins.frozen import FrozenRecord
 from tlsreload_plugins.identity import Leaf, judge_period
-from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, verdict
 from tlsreload_plugins.memory_files import check_revocation_of
 
 Recipe = Callable[[], ssl.SSLContext]
@@ -50,80 +49,37 @@ def build_context(recipe: Recipe, files: TLSFiles | None = None, crl: bytes | No
 def load_identity(files: TLSFiles, recipe: Recipe, password: Password = None) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
     """Read and validate ``files`` and build a context with ``recipe``: what a reloader requires
     before it serves anything. Start-up checks and ``tlsreload check`` call this so that they
-    decide exactly as the reloader does (:func:`~tlsreload_plugins.lastgood.last_good.verdict`: validated
-    in a child process, unless this one has loaded ``cryptography``). Raises :class:`InvalidIdentity` with
-    the reason."""
+    decide exactly as the reloader does (:func:`judge`: validated in a child process, unless this one has loaded
+    ``cryptography``). Raises :class:`InvalidIdentity` with the reason."""
     snapshot = read_files(files)
-    leaf = verdict(snapshot, password, None)
+    leaf = judge(snapshot, password)
     return snapshot, leaf, build_context(recipe, files, snapshot.crl)
 
 
-def first_identity(
-    files: TLSFiles,
-    recipe: Recipe,
-    password: Password,
-    last_good: LastGood | None,
-    clock: Callable[[], float],
-    defer: bool = True,
-) -> tuple[Snapshot, Leaf, ssl.SSLContext, InvalidIdentity | None]:
-    """What a reloader serves first: the identity in ``files`` (judged by
-    :func:`~tlsreload_plugins.lastgood.last_good.verdict`, a refusal kept for the server's other processes)
-    with a context built by ``recipe``, or, when they cannot be used and ``last_good`` keeps one, the last
-    good identity, its dates judged at ``clock()``. What is served is kept in ``last_good`` again. Returns it
-    with why the files could not be used (``None``: they could; a :class:`NotJudged` when ``defer`` left
-    content nobody had judged to the first check).
+def judge(snapshot: Snapshot, password: Password) -> Leaf:
+    """The leaf of ``snapshot`` when it is a usable identity (its dates are not judged here):
+    :func:`~tlsreload_plugins.validation.apart.validate`, in a child process unless this one has loaded
+    ``cryptography``. Blocking.
 
     Raises:
-        InvalidIdentity: the files cannot be used and no last good identity is kept, or the one kept
-            cannot be used either (the message then says why for both).
+        InvalidIdentity: the bytes are not a usable identity.
     """
-    start_error: InvalidIdentity | None = None
-    try:
-        snapshot = read_files(files)
-        leaf = verdict(snapshot, password, last_good, defer=defer, keep=True)
-        live = build_context(recipe, files, snapshot.crl)
-    except InvalidIdentity as e:
-        if last_good is None:
-            raise
-        start_error = e
-        try:
-            snapshot, leaf = last_good.recall(files, password, clock())
-            live = last_good.context(snapshot)
-        except InvalidIdentity as why_not:
-            if isinstance(e, NotJudged):  # nothing to serve meanwhile: judge them now (a refusal names them)
-                return first_identity(files, recipe, password, last_good, clock, defer=False)
-            raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
-    if last_good is not None:
-        last_good.remember(snapshot, leaf)
-    return snapshot, leaf, live, start_error
+    # Imported here, not at import: a serving process that loads what its server's reader published never loads it.
+    from tlsreload_plugins.validation.apart import validate
+
+    return validate(snapshot, password)
 
 
-def first_leaf(
-    files: TLSFiles,
-    password: Password,
-    last_good: LastGood | None,
-    clock: Callable[[], float],
-    read: Snapshot | None = None,
-) -> tuple[Snapshot, Leaf, InvalidIdentity | None]:
-    """What a reloader that builds its context on first use serves first: :func:`first_identity` without
-    building a context (and without keeping it in ``last_good``: its owner keeps many at once), and without
-    asking a keeper (its owner judges thousands at once). ``read``: the bytes of ``files`` as the caller has
-    just read them (not read again).
+def first_leaf(files: TLSFiles, password: Password, read: Snapshot | None = None) -> tuple[Snapshot, Leaf]:
+    """What a reloader that builds its context on first use serves first: the identity in ``files``, judged
+    (:func:`judge`), without building a context. ``read``: the bytes of ``files`` as the caller has just read them
+    (not read again).
 
     Raises:
-        InvalidIdentity: as :func:`first_identity`.
+        InvalidIdentity: the files cannot be used.
     """
-    try:
-        snapshot = read if read is not None else read_files(files)
-        return snapshot, verdict(snapshot, password, last_good, ask=False), None
-    except InvalidIdentity as e:
-        if last_good is None:
-            raise
-        try:
-            snapshot, leaf = last_good.recall(files, password, clock())
-        except InvalidIdentity as why_not:
-            raise InvalidIdentity(f"{e}; {why_not}", path=e.path) from e
-        return snapshot, leaf, e
+    snapshot = read if read is not None else read_files(files)
+    return snapshot, judge(snapshot, password)
 
 
 def new_content(files: TLSFiles, served: str, known_bad: Examined | None) -> Snapshot | None:
@@ -178,7 +134,6 @@ class Examined(FrozenRecord):
         "changed_while_building",
         "fixed_changes",
         "password",
-        "refused",
     )
     __slots__ = _fields
     fingerprint: str | None
@@ -192,9 +147,6 @@ class Examined(FrozenRecord):
     fixed_changes: tuple[str, ...]
     password: str
     """Digest of the key password the content was judged with: a new password is a new verdict."""
-    refused: InvalidIdentity | None
-    """Validation's refusal of the content itself (not for its dates, nor the recipe's), which the server's other
-    processes may take for the same bytes and password (:attr:`content_key`); ``None`` otherwise."""
 
     def __init__(
         self,
@@ -207,7 +159,6 @@ class Examined(FrozenRecord):
         changed_while_building: bool = False,
         fixed_changes: tuple[str, ...] = (),
         password: str = "",
-        refused: InvalidIdentity | None = None,
     ) -> None:
         self._set(
             fingerprint,
@@ -219,13 +170,7 @@ class Examined(FrozenRecord):
             changed_while_building,
             fixed_changes,
             password,
-            refused,
         )
-
-    @property
-    def content_key(self) -> str:
-        """What the verdict is on: :func:`~tlsreload_plugins.lastgood.last_good.content_key` of the content judged."""
-        return f"{self.fingerprint}:{self.password}"
 
 
 def examine_files(
@@ -236,13 +181,11 @@ def examine_files(
     *,
     served: str,
     known_bad: Examined | None,
-    last_good: LastGood | None,
     live: ssl.SSLContext | None,
     in_use: Callable[[ssl.SSLContext], bool],
 ) -> Examined:
     """Read ``files`` once and, when their content is not the content ``served`` (its fingerprint),
-    judge it (:func:`~tlsreload_plugins.lastgood.last_good.verdict`, with what ``last_good`` keeps), its
-    dates at ``now``, and build a context with ``recipe``. Blocking; changes no state.
+    judge it (:func:`judge`), its dates at ``now``, and build a context with ``recipe``. Blocking; changes no state.
 
     ``known_bad`` is the last content found unusable: when the files still hold it (with the same
     ``password``), it is not parsed again, and only its dates are judged anew. ``live`` is the
@@ -272,12 +215,9 @@ def examine_files(
         except InvalidIdentity as e:
             return Examined(fingerprint=observed, leaf=known.leaf, error=e, password=digest)
     try:
-        leaf = verdict(snapshot, password, last_good)
-    except NotJudged:  # read mid-rotation: the next check reads the files again
-        return Examined(fingerprint=observed, changed_while_building=True)
+        leaf = judge(snapshot, password)
     except InvalidIdentity as e:
-        refused = None if isinstance(e, Unjudged) else e  # a child stopped over it: no verdict
-        return Examined(fingerprint=observed, error=e, password=password_digest(password), refused=refused)
+        return Examined(fingerprint=observed, error=e, password=password_digest(password))
     try:
         judge_period(leaf, files, when)
     except InvalidIdentity as e:

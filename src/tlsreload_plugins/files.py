@@ -1,8 +1,8 @@
 """Read and fingerprint the files that make up a server's TLS identity, and the key password.
 
 The reading half of :mod:`tlsreload_plugins.identity`: every check of every process runs it, so it
-imports nothing that parses (no ``cryptography``: a worker whose files its server's parent has
-already validated loads none, see :mod:`tlsreload_plugins.lastgood.last_good`). A file is read whole, at most
+imports nothing that parses (no ``cryptography``: a worker that loads what its server's reader published loads
+none, see :mod:`tlsreload_plugins.publication`). A file is read whole, at most
 :data:`MAX_FILE_BYTES`, and only when it is a regular file.
 """
 

@@ -26,13 +26,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tlsreload_plugins.errors import InvalidIdentity, NotAtHand, NotServable, ReloadError
+from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import (
     Examined,
     Recipe,
     build_context,
     examine_files,
-    first_identity,
     first_leaf,
     load_identity,
     new_content,
@@ -40,7 +39,6 @@ from tlsreload_plugins.examine import (
 from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_hash, read_files
 from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.lastgood.last_good import LastGood, NotJudged, bytes_to_build
 from tlsreload_plugins.memory_files import RecipeFor, context_from
 from tlsreload_plugins.outcome import (
     CRLWarning,
@@ -127,7 +125,6 @@ class _OnDemand:
 
     Attributes:
         recipe_for: the server's recipe, aimed at other paths.
-        validated: the bytes the newest context is built from.
         lock: one build at a time: a second handshake waits for the first's.
         shares_trust: its client-CA bundle and CRL are its owner's, which reports what concerns them.
         served: with ``shares_trust``: :func:`~tlsreload_plugins.files.identity_hash` of the bytes served, to tell
@@ -138,14 +135,9 @@ class _OnDemand:
 
     def __init__(self, recipe_for: RecipeFor, *, shares_trust: bool = False) -> None:
         self.recipe_for = recipe_for
-        self.validated: Snapshot | None = None
         self.lock = threading.Lock()
         self.shares_trust = shares_trust
         self.served: int | None = None
-
-
-_JUDGED_AT_FIRST_CHECK = Examined(fingerprint=None)
-"""The known bad content of a reloader that started on its last good identity before anyone judged the files."""
 
 
 class Reloader:
@@ -172,27 +164,27 @@ class Reloader:
     after a reload, after each newly reported failure and after every check. More can be added later with
     :meth:`add_callbacks` (metrics, an adapter's hooks); exceptions they raise are logged and swallowed.
 
-    ``last_good`` keeps the identity this reloader serves where the server's other processes find it
-    (:mod:`tlsreload_plugins.lastgood.last_good`): when the files cannot be used at construction, a valid identity kept
-    there is served instead (one WARNING says so and why), and the files on disk are used as soon as they are
-    usable. The verdicts (and refusals) found for the files' bytes are kept there too, for the others to take.
-
     ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a handshake
     needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the first
     :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. A reload keeps the
     context it built (its owner releases it in turn). For identities
-    that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader does not keep its first
-    identity in ``last_good`` (its owner keeps many at once) and has no :attr:`context` to hand to a server;
-    ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read again; with
-    ``verdict``, the leaf its owner found ``last_good`` keeping for exactly those bytes, nor looked up again.
+    that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader has no :attr:`context` to
+    hand to a server; ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read
+    again.
     With ``shares_trust`` (``on_demand`` only), its ``ca_certs`` and ``crl`` are its owner's, which reports what
     concerns them once for all its identities: this reloader logs at DEBUG a reload that changed only them, a
     failure naming one of them and the end of that failure, and warns of no CA without a CRL nor of the CRL's
     ``nextUpdate``; its :meth:`status` (and metrics) count those failures and reloads still.
 
+    ``last_good``: the identity this process judged at start (its bytes, their leaf and a context built from them by
+    the server's recipe), served when what the files hold cannot be used at construction (one WARNING says so and
+    why) until they can: a server of one process whose files broke between its start-up check and its serving.
+
     ``subscription``: the server has a reader (:mod:`tlsreload_plugins.publication`), and this reloader, in one of its
     serving processes, reads what the reader published instead of the files (which it only names): it opens none of
-    them and validates nothing, and the reader's refusal of the files is its failure too.
+    them and validates nothing, and the reader's refusal of the files is its failure too. When what the files hold
+    cannot be used at construction, the newest identity the reader published is served instead (one WARNING says so
+    and why), and the reader's next publication as soon as there is one.
 
     ``logger``: where its lines go (default ``tlsreload_plugins.reloader``).
 
@@ -214,11 +206,10 @@ class Reloader:
         on_failure: Callable[[ReloadError], object] | None = None,
         on_check: Callable[[Outcome, Status], object] | None = None,
         clock: Callable[[], float] = time.time,
-        last_good: LastGood | None = None,
         on_demand: RecipeFor | None = None,
         read: Snapshot | None = None,
-        verdict: Leaf | None = None,
         shares_trust: bool = False,
+        last_good: tuple[Snapshot, Leaf, ssl.SSLContext] | None = None,
         subscription: Subscription | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
@@ -242,7 +233,6 @@ class Reloader:
         self._lock = threading.Lock()
         self._check_lock = threading.Lock()
 
-        self._last_good = last_good
         self._subscription = subscription
         # At most 29 attributes in all: CPython shares one key table among instances of up to 30, and an
         # SNI server holds thousands of reloaders (a shared key table keeps each instance's dict small).
@@ -252,17 +242,19 @@ class Reloader:
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
         # so a handshake never pairs one context with another's callback. (None, None): not built yet.
         self._serving: tuple[ssl.SSLContext | None, SNICallback | None] = (None, None)
-        if demand is not None and read is not None and verdict is not None and last_good is not None:
-            snapshot, leaf, start_error = read, verdict, None  # the verdict kept for them, as first_leaf takes it
-            demand.validated = snapshot
-        elif demand is not None:
-            snapshot, leaf, start_error = first_leaf(self.files, self.password, last_good, clock, read)
-            demand.validated = snapshot
+        start_error: InvalidIdentity | None = None
+        if demand is not None:
+            snapshot, leaf = first_leaf(self.files, self.password, read)
         else:
             if subscription is not None:
                 snapshot, leaf, live, start_error = subscription.first(self.files, clock())
             else:
-                snapshot, leaf, live, start_error = first_identity(self.files, recipe, self.password, last_good, clock)
+                try:
+                    snapshot, leaf, live = load_identity(self.files, recipe, self.password)
+                except InvalidIdentity as e:
+                    if last_good is None:
+                        raise
+                    (snapshot, leaf, live), start_error = last_good, e
             self._origin = live
             self._serving = (live, live.sni_callback)
             live.sni_callback = self._on_client_hello
@@ -288,10 +280,6 @@ class Reloader:
 
     def _started_from_last_good(self, error: InvalidIdentity) -> None:
         served = f"serving the last good certificate this server served until they can: {self._leaf.describe()}"
-        if isinstance(error, NotJudged):  # judged by the first check, which reports a refusal at once
-            self._record.log.info("%s; %s", error, served)
-            self._known_bad = _JUDGED_AT_FIRST_CHECK
-            return
         self._record.log.warning("the TLS files cannot be used (%s); %s", error, served)
         self._record.last_error = str(error)
         self._record.failures = 1
@@ -301,8 +289,6 @@ class Reloader:
             self._record.settling.reported = f"{examined.fingerprint}:{examined.error}"
             if examined.fingerprint is not None:
                 self._known_bad = examined
-            if examined.refused is not None and self._last_good is not None:  # for the server's other processes
-                self._last_good.store.refuse(self._last_good.name, examined.content_key, examined.refused)
 
     def add_callbacks(
         self,
@@ -384,7 +370,6 @@ class Reloader:
                 now,
                 served=self._fingerprint,
                 known_bad=self._known_bad,
-                last_good=self._last_good,
                 live=self._live,
                 in_use=self._in_use,
             )
@@ -397,7 +382,7 @@ class Reloader:
         """The deciding half of :meth:`check`: what ``examined`` means for what is served and reported (swap
         new handshakes onto the new context, report a failure once it settled and once per distinct problem, say
         when the files are usable again, warn that the served certificate expires). No I/O: called with the state
-        lock held; what callbacks and the last good store are to do is left in the record's notices, for after it."""
+        lock held; what callbacks are to do is left in the record's notices, for after it."""
         self._record.checks += 1
         live = self._live
         if self._record.checks == 1 and live is not None:
@@ -410,21 +395,14 @@ class Reloader:
                 f"start): new certificates from {self.files.certfile} cannot be served"
             )
             return self._record.failed("hook replaced", error, False, logging.ERROR, self._leaf)
-        starting = self._known_bad is _JUDGED_AT_FIRST_CHECK  # then a refusal is reported at once, as at a start
-        if starting and not examined.changed_while_building:
-            self._known_bad = None
         if examined.error is not None:
-            if examined.refused is not None and self._last_good is not None and examined is not self._known_bad:
-                # Kept for the server's other processes (a new worker takes it), once the state lock is released.
-                refusal = (self._last_good.name, examined.content_key, examined.refused)
-                self._record.notify([self._last_good.store.refuse], *refusal)
             if examined.fingerprint is not None:
                 self._known_bad = examined
             level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
             key = f"{examined.fingerprint}:{examined.error}"
             if not self._reports_trust and self._names_trust(examined.error):
                 level = logging.DEBUG  # its owner reports it, once for all
-            return self._record.failed(key, examined.error, settle and not starting, level, self._leaf)
+            return self._record.failed(key, examined.error, settle, level, self._leaf)
         if examined.unchanged:
             self._succeeded(now)
             return Outcome.UNCHANGED
@@ -445,17 +423,12 @@ class Reloader:
                 ", ".join(examined.fixed_changes),
             )
         level = logging.INFO
-        if self._demand is not None:
-            self._demand.validated = examined.snapshot
-            if self._demand.shares_trust:
-                served = identity_hash(examined.snapshot)
-                if served is not None and served == self._demand.served:
-                    level = logging.DEBUG  # the shared trust alone changed: its owner says so
-                self._demand.served = served
+        if self._demand is not None and self._demand.shares_trust:
+            served = identity_hash(examined.snapshot)
+            if served is not None and served == self._demand.served:
+                level = logging.DEBUG  # the shared trust alone changed: its owner says so
+            self._demand.served = served
         self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot, level)
-        if self._last_good is not None:
-            # After the state lock is released: a shared store may wait for another process's write.
-            self._record.notify([self._last_good.remember], examined.snapshot, examined.leaf)
         return Outcome.RELOADED
 
     def _swap(
@@ -624,11 +597,6 @@ class Reloader:
         return self._subscription
 
     @property
-    def last_good(self) -> LastGood | None:
-        """Where this reloader keeps what it serves for the server's other processes, or ``None``."""
-        return self._last_good
-
-    @property
     def context(self) -> ssl.SSLContext:
         """The context to hand to the server, once, for its whole life (an ``on_demand`` reloader has
         none of its own: its :attr:`newest_context`)."""
@@ -642,8 +610,7 @@ class Reloader:
         memory only: it never reads the files nor validates (it runs inside ClientHello callbacks).
 
         Raises:
-            InvalidIdentity: ``on_demand`` only: the context cannot be built from the validated bytes;
-                :class:`~tlsreload_plugins.errors.NotAtHand` when none are in memory (the next check catches up).
+            InvalidIdentity: ``on_demand`` only: the context cannot be built from the validated bytes.
         """
         newest = self._serving[0]
         return newest if newest is not None else self._build_on_demand()
@@ -657,14 +624,10 @@ class Reloader:
             if newest is not None:
                 return newest
             # Never a check here: this runs inside a ClientHello callback, on the server's event loop.
-            validated = demand.validated or bytes_to_build(self.files, self._fingerprint, self._last_good)
-            if validated is None:
-                raise NotAtHand(f"the validated bytes of {self.files.describe()} are not at hand until its next check")
-            context = context_from(validated, demand.recipe_for)
+            served = self._served
+            context = context_from(served, demand.recipe_for)
             with self._lock:
-                # Kept when built from the bytes this reloader serves; built from newer ones another process
-                # validated, or with a reload meanwhile, it serves this handshake only: the check catches up.
-                if self._fingerprint == fingerprint(validated):
+                if self._served is served:  # else a reload came meanwhile: this handshake only, the reload's is kept
                     self._serving = (context, context.sni_callback)
             return context
 
@@ -675,24 +638,11 @@ class Reloader:
             with self._lock:
                 self._serving = (None, None)
 
-    def forget_bytes(self) -> None:
-        """An ``on_demand`` reloader whose ``last_good`` store keeps exactly the bytes it serves drops its own
-        copy: a build reads them from the store (or from the files, while they hold them)."""
-        demand = self._demand
-        if demand is not None and self._last_good is not None:
-            with self._lock:
-                demand.validated = None
-
     @property
     def served(self) -> Snapshot:
         """The bytes of the identity new handshakes get, as they were validated (whatever the files hold by now): for a
         server whose TLS takes bytes rather than a context (gRPC's)."""
         return self._served
-
-    @property
-    def validated(self) -> Snapshot | None:
-        """The bytes an ``on_demand`` reloader serves (its context is built from them); ``None`` for others."""
-        return self._demand.validated if self._demand is not None else None
 
     @property
     def built(self) -> bool:

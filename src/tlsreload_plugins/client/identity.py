@@ -398,7 +398,6 @@ class ClientIdentity:
                 now,
                 served=self._fingerprint,
                 known_bad=self._known_bad,
-                last_good=None,
                 live=None,
                 in_use=lambda context: context is self._presented.context,
             )

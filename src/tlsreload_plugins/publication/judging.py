@@ -143,9 +143,7 @@ class Judging:
             log.error("cannot publish the TLS identity in %s: %s", self.publication.directory, e)
 
     def _publish(self) -> str:
-        validated = self.reloader.validated
-        assert validated is not None  # an on_demand reloader keeps the bytes it serves
-        return self.publication.publish(validated, self.reloader.leaf)
+        return self.publication.publish(self.reloader.served, self.reloader.leaf)
 
     def _export(self) -> None:
         """Publish the SNI identities whose served bytes changed, forget those gone, and the routes when either."""
@@ -154,8 +152,8 @@ class Judging:
         served = self._sni.reloaders()
         changed: dict[str, tuple[Snapshot, str]] = {}
         for name, reloader in served.items():
-            validated = reloader.validated
-            if validated is not None and validated is not self._exported.get(name):
+            validated = reloader.served
+            if validated is not self._exported.get(name):
                 changed[name] = (validated, json.dumps(reloader.leaf.fields()))
         removed = [name for name in self._index.names if name not in served]  # a predecessor's too
         if not changed and not removed:

@@ -241,9 +241,7 @@ def _check_at_start(
                 "(the key may be in the certificate file, not the other way round)"
             )
         prepare_worker_class(cfg.worker_class, cfg.worker_class_str, WORKER_CLASSES)
-        _reader = check_at_start(
-            _files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, None, reader=True
-        )
+        _reader = check_at_start(_files(cfg), lambda: _context_of(cfg), resolve_password(None), settings, reader=True)
 
 
 def _start_source(cfg: Any, spiffe: str, spiffe_id: str | None, federation: bool | list[str]) -> None:
@@ -295,7 +293,7 @@ def _read_again(arbiter: Any, settings: Settings) -> None:
         _reader_back()
         return
     try:
-        new = check_at_start(files, lambda: _context_of(cfg), resolve_password(None), settings, None, reader=True)
+        new = check_at_start(files, lambda: _context_of(cfg), resolve_password(None), settings, reader=True)
     except CannotServe as e:
         log.error("%s; the workers keep serving what the reader of %s published", e, _reader.files.describe())
         return
@@ -332,7 +330,6 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
             recipe,
             recipe_for,
             settings=settings,
-            store=None,
             between=worker.notify,
             boot_error=3,  # gunicorn's WORKER_BOOT_ERROR, on which the arbiter stops ("Worker failed to boot.")
             publication=_reader.directory if _reader is not None else None,

@@ -30,7 +30,6 @@ from hypercorn.config import Config
 
 from tlsreload_plugins.drivers import check_from_running_loop
 from tlsreload_plugins.errors import InvalidIdentity
-from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import check_config_at_start, start_from_config
@@ -81,7 +80,6 @@ class ReloadingConfig(Config):
     tls_metrics: bool | None = None
     tls_crl: str | None = None
     tls_spiffe_authorize: str | None = None
-    _tls_last_good: SharedStore | None = None  # see _last_good()
     _tls_publication: str | None = None  # where the parent's reader publishes, for the workers it starts
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
@@ -110,7 +108,6 @@ class ReloadingConfig(Config):
                 _hypercorn_context,
                 names=NAMES,
                 settings=self._settings(),
-                store=self._last_good(),
                 waiting=waiting,
                 publication=self._tls_publication,
             )
@@ -140,9 +137,8 @@ class ReloadingConfig(Config):
             return
         with exit_if_cannot_serve(STARTUP_FAILURE):
             self._refuse_quic()
-            settings, store = self._settings(), self._last_good()
             reader = check_config_at_start(
-                self, _hypercorn_context, names=NAMES, settings=settings, store=store, reader=spawns
+                self, _hypercorn_context, names=NAMES, settings=self._settings(), reader=spawns
             )
             if reader is not None:  # the parent holds it (it is closed at the parent's exit); the workers its path
                 _readers.append(reader)
@@ -152,12 +148,6 @@ class ReloadingConfig(Config):
         return Settings(
             self.tls_reload_interval, self.tls_sni, self.tls_metrics, self.tls_crl, self.tls_spiffe_authorize
         )
-
-    def _last_good(self) -> SharedStore:
-        """The last good identity, kept on this config: shared with each worker hypercorn starts."""
-        if self._tls_last_good is None:
-            self._tls_last_good = SharedStore()
-        return self._tls_last_good
 
     def _refuse_quic(self) -> None:
         if self.quic_bind:

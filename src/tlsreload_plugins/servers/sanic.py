@@ -152,7 +152,7 @@ def _read_for_workers(entry: Entry, settings: Settings) -> str:
     exit): where it publishes."""
     files, password = _files(entry), resolve_password(entry.get("password"))
     recipe = functools.partial(_sanic_context, entry, files, password)
-    reader = check_at_start(files, recipe, password, settings, None, reader=True)
+    reader = check_at_start(files, recipe, password, settings, reader=True)
     assert reader is not None
     _readers.append(reader)
     return reader.directory

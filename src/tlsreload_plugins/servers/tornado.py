@@ -218,7 +218,7 @@ def reloading_tls(
     settings = Settings(
         interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics, crl, authorize
     )
-    check_at_start(files, lambda: recipe_for(files), password, settings, None)
+    check_at_start(files, lambda: recipe_for(files), password, settings)
     tls = ReloadingTLS(files, recipe_for, password, settings)
     os.register_at_fork(before=tls.before_fork)  # fork_processes forks with os.fork(), and has no hook of its own
     _made.append(tls)

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.examine import Recipe
-from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.serving import lifespan, logs
 from tlsreload_plugins.serving.configured import (
     check_config_at_start,
@@ -88,26 +87,25 @@ def _context(
     config: Any,
     factory: Recipe,
     settings: Settings,
-    last_good: SharedStore | None = None,
+    drop_in: bool = False,
     publication: str | None = None,
 ) -> ssl.SSLContext:
-    """``last_good``: the drop-in's, from its parent; its checks run from the server's loop (no lifespan needed),
-    and a process with nothing valid to serve waits for usable files (exiting would stop uvicorn's supervisor).
+    """``drop_in``: for ``tlsreload-uvicorn``, whose checks run from the server's loop (no lifespan needed), and a
+    process with nothing valid to serve waits for usable files (exiting would stop uvicorn's supervisor).
     ``publication``: where the supervisor's reader publishes (``--workers``, ``--reload``): loaded, not the files."""
     route_logs()
     with exit_if_cannot_serve(STARTUP_FAILURE):
-        waiting = waiting_in_spawned_worker() if last_good is not None else None
+        waiting = waiting_in_spawned_worker() if drop_in else None
         reloader = start_from_config(
             config,
             _uvicorn_context,
             names=NAMES,
             settings=settings,
             own=factory,
-            store=last_good,
             waiting=waiting,
             publication=publication,
         )
-    if last_good is None:
+    if not drop_in:
         lifespan.follow_lifespan(reloader, lifespan_off=config.lifespan == "off", grace=LIFESPAN_GRACE)
     else:
         lifespan.check_from_loop(reloader, "tlsreload-uvicorn")
@@ -248,17 +246,15 @@ def _serve(kwargs: dict[str, Any], options: dict[str, Any], config: Any, setting
         log.warning("no --ssl-certfile given: serving without TLS, nothing to reload")
         uvicorn.run(**kwargs)
         return
-    store, workers = SharedStore(), kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
+    workers = kwargs.get("workers") or int(os.environ.get("WEB_CONCURRENCY", "1"))
     spawns = workers > 1 or bool(kwargs.get("reload"))  # a supervisor that starts serving processes later
     with exit_if_cannot_serve(STARTUP_FAILURE):
         # A supervisor, or SNI identities (thousands, maybe: judged and kept once, beside the serving process, which
         # looks them up when asked): the reader of the files is a child process, not the serving one.
         reader = spawns or bool(resolve_sni_directories(settings.sni))
-        started = check_config_at_start(
-            config, _uvicorn_context, names=NAMES, settings=settings, store=store, reader=reader
-        )
+        started = check_config_at_start(config, _uvicorn_context, names=NAMES, settings=settings, reader=reader)
     publication = started.directory if started is not None else None
-    factory = functools.partial(_context, settings=settings, last_good=store, publication=publication)
+    factory = functools.partial(_context, settings=settings, drop_in=True, publication=publication)
     try:
         uvicorn.run(**kwargs, ssl_context_factory=factory)
     finally:

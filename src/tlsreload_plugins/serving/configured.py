@@ -27,7 +27,6 @@ from typing import TypeVar
 
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles, password_text
-from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader
@@ -150,7 +149,6 @@ def start_from_config(
     names: tuple[str, str, str, str],
     settings: Settings,
     own: Recipe | None = None,
-    store: SharedStore | None = None,
     waiting: Waiting | None = None,
     publication: str | None = None,
 ) -> Reloader:
@@ -176,7 +174,6 @@ def start_from_config(
         recipe_for,
         password=password,
         settings=settings,
-        store=store,
         waiting=waiting,
         publication=publication,
     )
@@ -188,7 +185,6 @@ def check_config_at_start(
     *,
     names: tuple[str, str, str, str],
     settings: Settings,
-    store: SharedStore | None,
     reader: bool = False,
 ) -> ReaderProcess | None:
     """:func:`~tlsreload_plugins.serving.start.check_at_start` for the files ``config`` names, with its recipe and key
@@ -199,9 +195,9 @@ def check_config_at_start(
 
     Example::
 
-        reader = check_config_at_start(config, build, names=names, settings=settings, store=None, reader=True)
+        reader = check_config_at_start(config, build, names=names, settings=settings, reader=True)
     """
     password = resolve_password(getattr(config, names[3]))
     recipe, _ = config_recipes(config, build, names=names, password=password)
     files = config_files(config, names)
-    return check_at_start(files, recipe, password, settings, store, reader=reader)
+    return check_at_start(files, recipe, password, settings, reader=reader)

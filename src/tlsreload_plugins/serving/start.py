@@ -6,10 +6,9 @@ configured, where its context is built (its *recipe*) and its worker lifecycle. 
 * :class:`Settings`: tlsreload's own settings, checked in one call (:meth:`Settings.check`).
 * :func:`check_at_start`: before a server binds or starts workers, decide as the first reload
   would whether the files and settings can serve, and start the server's one reader of them
-  (:mod:`tlsreload_plugins.publication`), or keep the identity in a last good store for forked processes.
+  (:mod:`tlsreload_plugins.publication`) where the server has processes that serve.
 * :func:`start_reloader`: the one place glue makes a :class:`~tlsreload_plugins.Reloader`: from
-  the files, or from what the server's reader published, else from the last good identity; a worker the server
-  restarts while nothing valid
+  the files, or from what the server's reader published; a worker the server restarts while nothing valid
   exists waits for usable files (:func:`wait_until_usable`, the package's one waiting loop)
   instead of exiting, which would stop the whole server. Then it gets its SNI identities and
   metrics (:func:`equip`).
@@ -26,21 +25,22 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timezone
 from typing import NoReturn, TypeVar
 
 from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
-from tlsreload_plugins.errors import ReloadError
+from tlsreload_plugins.errors import InvalidIdentity, ReloadError
 from tlsreload_plugins.examine import Recipe, build_context, load_identity
 from tlsreload_plugins.expiry import SPIFFE_DIRECTORY
-from tlsreload_plugins.files import Password, TLSFiles
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles
 from tlsreload_plugins.frozen import FrozenRecord
-from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.store import SharedStore
-from tlsreload_plugins.memory_files import RecipeFor
+from tlsreload_plugins.identity import Leaf, judge_period
+from tlsreload_plugins.memory_files import RecipeFor, context_from
 from tlsreload_plugins.publication.reader import ReaderFailed, ReaderProcess
 from tlsreload_plugins.publication.subscription import Subscription
 from tlsreload_plugins.reloader import Reloader
@@ -95,7 +95,7 @@ def exit_if_cannot_serve(stop: int | Callable[[], NoReturn]) -> Iterator[None]:
     Example::
 
         with exit_if_cannot_serve(STARTUP_FAILURE):
-            check_at_start(files, recipe, password, settings, store)
+            check_at_start(files, recipe, password, settings)
     """
     try:
         yield
@@ -263,17 +263,15 @@ def check_at_start(
     recipe: Recipe,
     password: Password,
     settings: Settings,
-    store: SharedStore | None,
     *,
     reader: bool = False,
 ) -> ReaderProcess | None:
     """Decide, as the first reload would, whether ``files`` and ``settings`` can serve; start the server's reader,
-    or keep the identity in ``store`` for the processes forked later. For a server's parent, before it binds or
+    which its serving processes load. For a server's parent (or a server of one process), before it binds or
     starts workers.
 
     Args:
         files, recipe, password, settings: as :func:`start_reloader`.
-        store: without ``reader``, the last good store forked processes share (``None`` with ``reader``).
         reader: start the server's one reader of ``files`` and of its SNI identities
             (:class:`~tlsreload_plugins.publication.reader.ReaderProcess`), which judges them and publishes what
             passes: its workers load only that (``start_reloader(..., publication=reader.directory)``).
@@ -287,7 +285,7 @@ def check_at_start(
     Example::
 
         with exit_if_cannot_serve(STARTUP_FAILURE):
-            reader = check_at_start(files, recipe, password, settings, None, reader=True)
+            reader = check_at_start(files, recipe, password, settings, reader=True)
     """
     started: ReaderProcess | None = None
     try:
@@ -301,8 +299,7 @@ def check_at_start(
             retry_at_start(lambda: build_context(recipe, files))
         else:
             snapshot, leaf, _ = retry_at_start(lambda: load_identity(files, recipe, password))
-            if store is not None:
-                store.write(snapshot, leaf=leaf)
+            _judged_at_start[files] = (snapshot, leaf)
     except (ReloadError, ValueError, ReaderFailed) as e:  # ValueError: a bad setting
         if started is not None:
             started.close()
@@ -317,7 +314,6 @@ def start_reloader(
     *,
     password: Password,
     settings: Settings,
-    store: SharedStore | None = None,
     waiting: Waiting | None = None,
     publication: str | None = None,
 ) -> Reloader:
@@ -326,12 +322,11 @@ def start_reloader(
     Args:
         files: the configured certificate, key, client-CA and CRL files (the CRL: else :attr:`Settings.crl`).
         recipe: the server's own way to build its context from ``files``.
-        recipe_for: the same recipe aimed at other files (SNI identities, the last good identity).
+        recipe_for: the same recipe aimed at other files (SNI identities, what the server's reader published).
         password: the key's password (see :func:`~tlsreload_plugins.reloader.resolve_password`).
         settings: tlsreload's settings.
-        store: the server's last good store: when the files are unusable, its identity is served.
-        waiting: given where the server restarts workers: with nothing valid in the files nor in a
-            non-empty ``store``, wait for usable files that way instead of failing.
+        waiting: given where the server restarts workers: with nothing valid in what its reader published (expired
+            since), wait for a usable publication that way instead of failing.
         publication: the directory the server's reader publishes into (:func:`check_at_start`'s ``reader``): the
             reloader loads what it published and never opens ``files``, which it names.
 
@@ -347,11 +342,9 @@ def start_reloader(
     except ValueError as e:
         raise CannotServe(f"cannot serve TLS: {e}") from e
     recipe, recipe_for = authorized(recipe, authorizer), authorized(recipe_for, authorizer)
-    last_good = LastGood(store, recipe_for) if store is not None and publication is None else None
-
     subscription = Subscription(publication, recipe_for) if publication is not None else None
 
-    def attempt() -> Reloader:
+    def attempt(last_good: tuple[Snapshot, Leaf, ssl.SSLContext] | None = None) -> Reloader:
         return Reloader(
             files.certfile,
             files.keyfile,
@@ -369,16 +362,40 @@ def start_reloader(
     except ValueError as e:  # a bad interval or expiry setting
         raise CannotServe(f"cannot serve TLS: {e}") from e
     except ReloadError as e:
-        # The server's very first start: nothing was ever served (a reader has published, or it would not have started).
-        if waiting is None or (publication is None and (store is None or store.read() is None)):
+        judged = _judged_at_start.get(files) if publication is None else None
+        if judged is not None:  # the files broke since this process's own check: serve what it judged
+            reloader = attempt(_judged_identity(judged, recipe_for, e))
+        elif waiting is None or publication is None:  # nothing was ever served (a reader would have published)
             raise CannotServe(f"cannot serve TLS: {e}") from e
-        reloader = _wait(attempt, e, waiting)
+        else:
+            reloader = _wait(attempt, e, waiting)
     equip(reloader, settings, recipe_for, worker=waiting is not None, publication=publication)
     if authorizer is not None and resolve_metrics(settings.metrics):
         from tlsreload_plugins import metrics  # prometheus_client: only where metrics are on
 
         metrics.observe_authorizer(authorizer, "server")
     return reloader
+
+
+_judged_at_start: dict[TLSFiles, tuple[Snapshot, Leaf]] = {}
+"""What :func:`check_at_start` judged in this process (without a reader), by files: a server of one process whose
+files break between that check and its serving serves it (:func:`start_reloader`)."""
+
+
+def _judged_identity(
+    judged: tuple[Snapshot, Leaf], recipe_for: RecipeFor, error: ReloadError
+) -> tuple[Snapshot, Leaf, ssl.SSLContext]:
+    """The identity :func:`check_at_start` judged, with a context built from its bytes by ``recipe_for``.
+
+    Raises:
+        CannotServe: it is no longer usable (expired since, say), with why the files cannot be used either.
+    """
+    snapshot, leaf = judged
+    try:
+        judge_period(leaf, snapshot.files, datetime.now(timezone.utc))
+        return snapshot, leaf, context_from(snapshot, recipe_for)
+    except (InvalidIdentity, TypeError) as e:
+        raise CannotServe(f"cannot serve TLS: {error}; the certificate checked at start: {e}") from e
 
 
 def _wait(attempt: Callable[[], Reloader], error: ReloadError, waiting: Waiting) -> Reloader:

@@ -29,7 +29,6 @@ from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.examine import Recipe
 from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.frozen import FrozenRecord
-from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import RETRY_DELAY, CannotServe, Settings, Waiting, start_reloader
@@ -104,7 +103,6 @@ def serve_in_worker(
     recipe_for: RecipeFor,
     *,
     settings: Settings,
-    store: SharedStore | None,
     password: Password = None,
     between: Callable[[], object] = lambda: None,
     boot_error: int = 1,
@@ -112,12 +110,12 @@ def serve_in_worker(
 ) -> Reloader:
     """Make a forked worker's reloader, and check it in a thread as this process's (:func:`run_here`).
 
-    A worker with nothing valid to serve (unusable files, nothing usable in ``store``) waits for usable
-    files, and leaves with status 0 when asked to stop first. Its parent checked the settings before the
-    first fork, so only a store lost can keep it from serving: then it logs one line and exits.
+    A worker with nothing valid to serve (what its server's reader published has expired since) waits for a usable
+    publication, and leaves with status 0 when asked to stop first. Its parent checked the settings before the
+    first fork; what else keeps it from serving is one line, and it exits.
 
     Args:
-        files, recipe, recipe_for, settings, store: as :func:`~tlsreload_plugins.serving.start.start_reloader`.
+        files, recipe, recipe_for, settings: as :func:`~tlsreload_plugins.serving.start.start_reloader`.
         password: the key password, else ``$TLSRELOAD_KEY_PASSWORD_FILE``'s.
         between: called before each wait (a worker tells its parent that it is alive).
         boot_error: the exit status by which the server knows that a worker could not boot.
@@ -129,7 +127,7 @@ def serve_in_worker(
 
     Example::
 
-        serve_in_worker(files, recipe, recipe_for, settings=settings, store=store, between=worker.notify)
+        serve_in_worker(files, recipe, recipe_for, settings=settings, between=worker.notify)
     """
     waiting = Waiting(leave=_exit_quietly, between=between)
     password = resolve_password(password)
@@ -140,7 +138,6 @@ def serve_in_worker(
             recipe_for,
             password=password,
             settings=settings,
-            store=store,
             waiting=waiting,
             publication=publication,
         )

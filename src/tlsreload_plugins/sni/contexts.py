@@ -24,7 +24,7 @@ import ssl
 import threading
 from collections import OrderedDict
 
-from tlsreload_plugins.errors import InvalidIdentity, NotAtHand
+from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.reloader import Reloader
 
 log = logging.getLogger("tlsreload_plugins.sni")
@@ -55,9 +55,6 @@ class ContextCache:
             return None
         try:
             context = reloader.newest_context
-        except NotAtHand as e:  # not a refusal: the identity's next check, off the loop, catches up
-            log.debug("SNI identity %s: %s", os.path.basename(os.path.dirname(reloader.files.certfile)), e)
-            return None
         except (InvalidIdentity, TypeError) as e:
             self._refuse(reloader, str(e))
             return None

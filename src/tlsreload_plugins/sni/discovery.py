@@ -3,8 +3,7 @@ subdirectories) hold an identity, and by what name each is served.
 
 A directory is an identity when it holds one of :data:`IDENTITY_FILES` (a Kubernetes TLS Secret, a
 certbot lineage); otherwise its immediate subdirectories are looked at. No certificate is read
-here: serving the identities found is :mod:`tlsreload_plugins.sni.identities`'s. A server's parent process
-keeps the last good of each through :func:`tlsreload_plugins.sni.tracker.every_identity`.
+here: serving the identities found is :mod:`tlsreload_plugins.sni.identities`'s.
 """
 
 from __future__ import annotations

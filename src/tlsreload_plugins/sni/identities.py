@@ -4,8 +4,9 @@ Besides its default identity (the usual certfile and keyfile), a server serves t
 directories (``$TLSRELOAD_SNI``, ``--tls-sni DIR``, ``tls_sni``; :mod:`tlsreload_plugins.sni.discovery`), each
 by its own :class:`~tlsreload_plugins.Reloader` built with the server's own recipe aimed at that identity's
 files, so every guarantee of the single identity holds for each of them: validated before use, the last good
-one kept (under its name in the default reloader's :mod:`~tlsreload_plugins.lastgood.last_good` store, shared
-by the server's processes), no failed handshake during its rotation, no effect on the others. Their names
+one kept serving, no failed handshake during its rotation, no effect on the others. (A server with a reader runs
+them in the reader only, and its workers look the identities up in its publication:
+:mod:`tlsreload_plugins.publication`.) Their names
 (stable labels in logs, :meth:`SNIIdentities.status` and metrics) are those of their directories.
 
 Every check of the default reloader (its driver's tick) checks the identities the change tracker names
@@ -41,14 +42,11 @@ from tlsreload_plugins.drivers import gevent_offload
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.examine import Examined
 from tlsreload_plugins.files import Password, Snapshot, TLSFiles
-from tlsreload_plugins.identity import Leaf
-from tlsreload_plugins.lastgood.last_good import LastGood
-from tlsreload_plugins.lastgood.store import SharedStore
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.reloader import Offload, Reloader
 from tlsreload_plugins.settings import resolve_interval
-from tlsreload_plugins.sni.ahead import judged, read_ahead
+from tlsreload_plugins.sni.ahead import read_ahead
 from tlsreload_plugins.sni.contexts import ContextCache
 from tlsreload_plugins.sni.discovery import is_alive, resolve_directories
 from tlsreload_plugins.sni.summary import Summary, summarize
@@ -75,9 +73,7 @@ class SNIIdentities:
     one of them, a CA without a CRL, the CRL's ``nextUpdate``) the default reloader reports, once for all (each
     identity's reloader ``shares_trust``). Identities whose files cannot be used when first seen are not served
     (their names get the default identity), and are tried again when their files change (and at least once a
-    minute); with a ``store`` (the default reloader's last good store, shared by the server's processes), such an
-    identity is served from the last good one any of the server's processes kept for its name, as the default
-    identity is. ``export_metrics`` exports the identities' aggregate metrics, and each identity's own, labelled
+    minute). ``export_metrics`` exports the identities' aggregate metrics, and each identity's own, labelled
     with its name, when there are at most :data:`~tlsreload_plugins.metrics.PER_IDENTITY_UP_TO` or
     ``TLSRELOAD_METRICS=per-identity`` (:mod:`tlsreload_plugins.metrics`). Each identity's context is built by the
     first handshake that names it (:mod:`tlsreload_plugins.sni.contexts`).
@@ -93,7 +89,6 @@ class SNIIdentities:
         password: Password = None,
         interval: float | None = None,
         expiry_warning_days: float | None = None,
-        store: SharedStore | None = None,
         export_metrics: bool = False,
     ) -> None:
         self.directories = resolve_directories(directories)
@@ -103,16 +98,13 @@ class SNIIdentities:
         self.password = password
         self.interval = interval
         self.expiry_warning_days = expiry_warning_days
-        self.store = store
         self.export_metrics = export_metrics
         self._lock = threading.Lock()  # one scan at a time
         self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs, crl=crl)
         self._found: dict[str, TLSFiles] = {}  # what the tracker found last
         self._count = 0  # how many identities it found (per-identity metrics below metrics.PER_IDENTITY_UP_TO)
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
-        self._to_keep: dict[str, tuple[Snapshot, Leaf]] = {}  # new identities, kept in the store in one write
         self._read_ahead: dict[str, Snapshot] = {}  # the bytes of identities about to be added, read in one pass
-        self._kept_ahead: dict[str, Leaf] = {}  # of those, the ones the store keeps, with their verdict
         self._starting = True  # the first look: one summary line, not a line per identity
         self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
         self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
@@ -138,8 +130,7 @@ class SNIIdentities:
         """Serve the identities in ``directories`` (or ``$TLSRELOAD_SNI``) through ``default``'s
         context: handshakes are routed on its ``sni_callback``, and every check of ``default``
         (its driver's tick) checks them too. Returns the new :class:`SNIIdentities`, also found
-        later with :func:`for_reloader`. They share ``default``'s last good store
-        (:attr:`~tlsreload_plugins.Reloader.last_good`), and have metrics when ``default`` has them.
+        later with :func:`for_reloader`. They have metrics when ``default`` has them.
 
         Raises:
             ValueError: a directory does not exist.
@@ -152,7 +143,6 @@ class SNIIdentities:
             password=default.password,
             interval=default.interval,
             expiry_warning_days=default.expiry_warning_days,
-            store=default.last_good.store if default.last_good is not None else None,
             export_metrics=metrics.observing(default),
         )
         default.set_route(identities.context_for)
@@ -225,9 +215,6 @@ class SNIIdentities:
         reloader's check, in their worker thread. Never raises for bad files."""
         with self._lock:
             offload = gevent_offload()
-            if self.store is not None:
-                # What the other processes wrote, taken in here rather than by a handshake building a context.
-                self.store.look()
             self._note_directories()
             tick = self._tracker.tick(also=self._again)
             found = tick.found
@@ -264,36 +251,23 @@ class SNIIdentities:
                     self._identities = self._walk(found, wanted, settle, offload)
             self._found = found
             self._read_ahead.clear()
-            self._kept_ahead.clear()
             if rebuild:
                 self._rebuild()
-            for name, reloader in self._removed.items():
+            for reloader in self._removed.values():
                 # Only now that no handshake is routed to it: one routed by the old table still gets its context.
-                if self.store is not None:
-                    self.store.forget(name)
                 self._contexts.forget(reloader)
             self._removed = {}
             if self.export_metrics and (rebuild or self._reported != (len(self._identities), len(self._unserved))):
                 self._reported = (len(self._identities), len(self._unserved))
                 metrics.report_sni(self.summary())
-            if self._to_keep:
-                # One write for every identity found at once (start-up); then the store holds their bytes
-                # (shared by the server's processes) and the reloaders need no copy of their own.
-                if self.store is not None and self.store.write_many(self._to_keep):
-                    for name in self._to_keep:
-                        kept = self._identities.get(name)
-                        if kept is not None:
-                            kept.forget_bytes()
-                self._to_keep = {}
 
     def _judged_ahead(
         self, dirty: Set[str], found: dict[str, TLSFiles], wanted: Set[str], offload: Offload[Examined] | None
     ) -> AbstractContextManager[None]:
         """Read, ahead of this check, the bytes of the identities it adds, once (:mod:`tlsreload_plugins.sni.ahead`),
         and validate in one batch (:mod:`tlsreload_plugins.validation.apart`: a child process per CPU) what the
-        check is about to validate one identity at a time: the identities it adds that the store has no verdict
-        nor refusal for and, of those the kernel reported changed, the ones whose files hold new content. Under
-        gevent, in its threadpool."""
+        check is about to validate one identity at a time: the identities it adds and, of those the kernel reported
+        changed, the ones whose files hold new content. Under gevent, in its threadpool."""
         run = cast("Callable[[Callable[[], Any]], Any] | None", offload) or (lambda work: work())
         current = self._identities
         adding = found.keys() - current.keys()
@@ -302,12 +276,10 @@ class SNIIdentities:
         apart = validate_apart.apart()
 
         def gather() -> list[tuple[Snapshot, Password]]:
-            ahead = read_ahead(adding, found, (self.ca_certs, self.crl), self.password, self.store, self.recipe_for)
-            self._read_ahead, self._kept_ahead = ahead.read, ahead.kept  # not read nor looked up again by _add
-            changed = {name: current[name].new_content() for name in dirty & wanted if name in current and apart}
-            renewed = {name: snapshot for name, snapshot in changed.items() if snapshot is not None}
-            # A spawn server's keeper validates renewals once for every worker: asked, rather than a child each.
-            return ahead.to_validate + judged(renewed, self.password, self.store, self.recipe_for, ask=True)[1]
+            ahead = read_ahead(adding, found, (self.ca_certs, self.crl), self.password)
+            self._read_ahead = ahead.read  # not read again by _add
+            changed = [current[name].new_content() for name in dirty & wanted if name in current and apart]
+            return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
 
         items = run(gather) if adding or (dirty and apart) else []
         return validate_apart.prejudged(items, run=run) if apart else contextlib.nullcontext()
@@ -391,10 +363,8 @@ class SNIIdentities:
                 password=self.password,
                 interval=self.interval,
                 expiry_warning_days=self.expiry_warning_days,
-                last_good=LastGood(self.store, self.recipe_for, name) if self.store is not None else None,
                 on_demand=self.recipe_for,
                 read=self._read_ahead.pop(name, None),
-                verdict=self._kept_ahead.get(name),
                 shares_trust=True,  # the default identity's bundle and CRL: it reports them, once
             )
         except (InvalidIdentity, TypeError) as e:
@@ -409,10 +379,6 @@ class SNIIdentities:
             return None
         self._pending.pop(name, None)
         self._unserved.pop(name, None)
-        if reloader.validated is not None and self._kept_ahead.pop(name, None) is not None:
-            reloader.forget_bytes()  # the store keeps exactly these bytes already: nothing to write
-        elif reloader.validated is not None:
-            self._to_keep[name] = (reloader.validated, reloader.leaf)
         if self.export_metrics and (metrics.per_identity() or self._count <= metrics.PER_IDENTITY_UP_TO):
             metrics.observe(reloader, identity=name)
         if not self._starting:  # at start, one summary line for all of them

@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tlsreload_plugins.files import TLSFiles
-from tlsreload_plugins.lastgood.store import DEFAULT
 from tlsreload_plugins.sni.discovery import (
-    discover,
     identities_found,
     identity_files,
     is_directory,
-    resolve_directories,
 )
 from tlsreload_plugins.sni.inotify import DirectoryEvents, WatchesExhausted, open_events
 
@@ -356,39 +353,3 @@ class ChangeTracker:
         if self._events is not None:
             self._events.close()
             self._events = None
-
-
-def every_identity(files: TLSFiles, directories: Iterable[str] | str | None) -> Callable[[], dict[str, TLSFiles]]:
-    """A function giving the configured identity (under :data:`~tlsreload_plugins.lastgood.last_good.DEFAULT`)
-    and every SNI identity in ``directories`` found when it is called: what a server's parent process
-    keeps the last good of (:func:`~tlsreload_plugins.lastgood.last_good.keep_newest_valid`). Its ``tick(interval)``
-    gives the same and the names to look at now: those whose files the kernel saw change, and a slice of
-    the others (a :class:`ChangeTracker`'s; ``None``: every one).
-
-    Raises:
-        ValueError: a directory does not exist (now; one removed later gives no SNI identity).
-    """
-    return _EveryIdentity(files, resolve_directories(directories))
-
-
-@dataclass
-class _EveryIdentity:
-    files: TLSFiles
-    directories: list[str]
-    _tracker: ChangeTracker | None = None
-    _found: tuple[object, dict[str, TLSFiles]] = (None, {})  # the tracker's last found, and what it gave
-
-    def __call__(self) -> dict[str, TLSFiles]:
-        return {DEFAULT: self.files, **discover(self.directories, self.files.ca_certs, self.files.crl)}
-
-    def tick(self, interval: float) -> tuple[dict[str, TLSFiles], set[str] | None]:
-        if self._tracker is None:
-            self._tracker = ChangeTracker(self.directories, interval, self.files.ca_certs, crl=self.files.crl)
-        self._tracker.interval = interval
-        tick = self._tracker.tick()
-        if tick.found is not self._found[0]:  # something added, removed or changed its files
-            ca, crl = self.files.ca_certs, self.files.crl
-            named = {name: TLSFiles(f.certfile, f.keyfile, ca, crl) for name, f in tick.found.items()}
-            self._found = (tick.found, {DEFAULT: self.files, **named})
-        look = None if tick.everything else {DEFAULT, *tick.check}
-        return self._found[1], look

@@ -12,8 +12,8 @@ SVID is refused by the readers while the last good one keeps serving. A stream t
 is one INFO line.
 
 In a server with workers, the source runs once, in a child process of the parent (gunicorn's arbiter, uvicorn's
-supervisor: :mod:`tlsreload_plugins.sources.source_process`), before any worker starts: workers read the files and
-share the last good store like any others, and never open a stream.
+supervisor: :mod:`tlsreload_plugins.sources.source_process`), before any worker starts: the server's reader reads
+the files like any others, the workers load what it published, and nothing but the source opens a stream.
 The source's figures (:meth:`SpiffeSource.status`) reach them the same way, as a small file beside the others
 (:mod:`tlsreload_plugins.sources.stream_status`), which their metrics read.
 """

@@ -18,8 +18,7 @@ or an :class:`~tlsreload_plugins.errors.InvalidIdentity` with the same message a
   ``cryptography``), validation runs in this process from then on, and one WARNING says why.
 * A child that takes longer than :data:`~tlsreload_plugins.validation.child.ITEM_WAIT` over one identity (a
   hostile file) is killed: that identity is refused, its files named, and a new child judges the rest. Such a
-  refusal (or one for a child that ended without a verdict) is an :class:`Unjudged`: not a verdict on the bytes
-  that the server's other processes may take from the last good store.
+  refusal (or one for a child that ended without a verdict) is an :class:`Unjudged`: not a verdict on the bytes.
 
 A child costs the time and CPU of starting Python and importing ``cryptography``, then little per identity
 (docs/benchmarks.md has the figures). Blocking: call it where a check runs, never on an event loop.
@@ -42,7 +41,6 @@ from tlsreload_plugins.files import Password, Snapshot, password_bytes
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.validation.child import (
     ChildUnavailable,
-    Resident,
     Verdict,
     unforeseen,
     validate_in_child,
@@ -109,18 +107,17 @@ def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
     return verdict
 
 
-def validate_many(items: Sequence[tuple[Snapshot, Password]], resident: Resident | None = None) -> list[Verdict]:
+def validate_many(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
     """The verdict on each identity of ``items`` (bytes, key password), in order: judged by one child when
     :func:`apart` (a batch of :data:`PER_CHILD` identities or more is split across up to one child per CPU this
     process may use, run at once), else in this process. Blocking; never raises for what the bytes hold (an error
-    nobody foresaw is a refusal naming the files). ``resident``: the one child is that one, kept between calls
-    (:class:`~tlsreload_plugins.validation.child.Resident`), for a caller that validates again and again.
+    nobody foresaw is a refusal naming the files).
 
     Example: ``validate_many([(read_files(files), None) for files in found.values()])``.
     """
     parts = min(_cpus(), len(items) // PER_CHILD) if apart() else 1
     if parts < 2:
-        return _in_a_child(items, resident)
+        return _in_a_child(items)
     size = -(-len(items) // parts)
     chunks = [items[start : start + size] for start in range(0, len(items), size)]
     return [
@@ -164,7 +161,7 @@ def _at_once(work: Sequence[Callable[[], list[Verdict]]]) -> list[list[Verdict]]
     return [result or [] for result in results if not isinstance(result, BaseException)]
 
 
-def _in_a_child(items: Sequence[tuple[Snapshot, Password]], resident: Resident | None = None) -> list[Verdict]:
+def _in_a_child(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
     """:func:`validate_many` with one child (a new one for the rest after one stopped over an identity)."""
     global _fallback
     verdicts: list[Verdict] = []
@@ -172,7 +169,7 @@ def _in_a_child(items: Sequence[tuple[Snapshot, Password]], resident: Resident |
         try:
             while len(verdicts) < len(items):  # a child stopped over one identity: a new one for the rest
                 rest = items[len(verdicts) :]
-                verdicts += resident.validate(rest) if resident is not None else validate_in_child(rest)
+                verdicts += validate_in_child(rest)
         except ChildUnavailable as e:
             with _lock:
                 first, _fallback = _fallback is None, _fallback or str(e)

@@ -8,8 +8,7 @@ each certificate, key, CA bundle, CRL and password bytes, and the error reading 
 followed by those bytes end to end: secrets go through the pipe, never through arguments or the environment.
 The child imports ``cryptography``, answers ``{"ready": true}``, then one JSON line per identity, in order:
 ``["leaf", ...]`` or ``["invalid", message, path]``. It leaves at the end of its input. Nothing it writes is
-unpickled or executed. A :class:`Resident` child is written one batch after another (``sys.path`` once) and its
-input ended when it has waited :data:`RESIDENT_IDLE` seconds for the next.
+unpickled or executed.
 
 The parent's CPU goes to waking and parsing, so it does little of either per identity: a group has one header
 and one write, the pipe is written to when the child has taken something (:data:`FEED_PAUSE`), verdicts gather
@@ -30,7 +29,6 @@ from native threads, gevent's hub threadpool included, where the cooperative ver
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import signal
@@ -46,10 +44,8 @@ from tlsreload_plugins.validation.process import above_stdio, ended, frames, inh
 
 __all__ = [
     "ITEM_WAIT",
-    "RESIDENT_IDLE",
     "START_WAIT",
     "ChildUnavailable",
-    "Resident",
     "Verdict",
     "serve",
     "unforeseen",
@@ -59,10 +55,6 @@ __all__ = [
 START_WAIT = 30.0
 """Seconds a child may take to start and import ``cryptography`` (far less, even on a loaded machine) before it is
 given up on."""
-
-RESIDENT_IDLE = 30.0
-"""Seconds a :class:`Resident` child waits for its next batch before :meth:`Resident.stop_if_idle` stops it: a
-burst of renewals (SNI identities renewed a few at a time, one keeper pass after another) pays for one start."""
 
 ITEM_WAIT = 10.0
 """Seconds a child may take over one identity (milliseconds: validation is linear in the files' size) before it
@@ -126,75 +118,7 @@ def validate_in_child(
     """
     if not items:
         return []
-    return _started(command).judge(items, start_wait, item_wait, keep=False)
-
-
-class Resident:
-    """A child kept between batches, for a caller that validates again and again: a spawn server's keeper, through
-    the renewals of many SNI identities, starts Python and imports ``cryptography`` once for a burst of passes
-    rather than once a pass. The child leaves when :meth:`stop_if_idle` finds it waited :attr:`idle` seconds for a
-    batch, when it stalls or crashes over one (as a child of :func:`validate_in_child` would), or when this process
-    ends (the end of its input). One batch at a time: a caller meanwhile gets a child of its own.
-
-    Example: ``verdicts = resident.validate(items)``, then now and then ``resident.stop_if_idle()``.
-    """
-
-    def __init__(self, idle: float = RESIDENT_IDLE) -> None:
-        self.idle = idle
-        self._lock = original("_thread", "allocate_lock")()
-        self._talk: _Talk | None = None
-        self._used = 0.0
-
-    def validate(
-        self,
-        items: Sequence[tuple[Snapshot, Password]],
-        *,
-        command: Sequence[str] | None = None,
-        start_wait: float = START_WAIT,
-        item_wait: float = ITEM_WAIT,
-    ) -> list[Verdict]:
-        """:func:`validate_in_child`, by the resident child (started first when there is none).
-
-        Raises:
-            ChildUnavailable: as :func:`validate_in_child`.
-        """
-        if not items:
-            return []
-        if not self._lock.acquire(False):
-            return validate_in_child(items, command=command, start_wait=start_wait, item_wait=item_wait)
-        try:
-            talk = self._talk
-            reused = talk is not None
-            if talk is None:
-                talk = self._talk = _started(command)
-            verdicts = talk.judge(items, start_wait, item_wait, keep=True)
-            if reused and talk.ended and not talk.verdicts:
-                # It ended before a verdict on this batch: killed as it waited, seen only once written to. Not the
-                # first identity's doing; a new child judges the batch.
-                talk = self._talk = _started(command)
-                verdicts = talk.judge(items, start_wait, item_wait, keep=True)
-            self._used = time.monotonic()
-            return verdicts
-        finally:
-            if self._talk is not None and self._talk.reaped:
-                self._talk = None
-            self._lock.release()
-
-    def stop_if_idle(self) -> None:
-        """Stop the child when it has waited :attr:`idle` seconds or more for a batch (it is reaped)."""
-        if not self._lock.acquire(False):
-            return  # a batch under way
-        try:
-            if self._talk is not None and time.monotonic() - self._used >= self.idle:
-                self._talk.close()
-                self._talk = None
-        finally:
-            self._lock.release()
-
-    @property
-    def alive(self) -> bool:
-        """Whether a child is kept."""
-        return self._talk is not None
+    return _started(command).judge(items, start_wait, item_wait)
 
 
 def _started(command: Sequence[str] | None) -> _Talk:
@@ -234,8 +158,6 @@ class _Talk:
         self.pid, self.to_child, self.from_child, self.errors = pid, to_child, from_child, errors
         self.frames: Iterator[bytes] = iter(())
         self.count = 0
-        self.fed = False  # whether a batch was written to it (the first carries this process's sys.path)
-        self.ended = False  # whether it ended by itself before the last verdict of the batch (not stopped)
         self.closed: set[int] = set()
         self.pending = memoryview(b"")
         self.out = bytearray()
@@ -244,29 +166,16 @@ class _Talk:
         self.reaped = False
         self.verdicts: list[Verdict] = []
 
-    def judge(
-        self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float, keep: bool
-    ) -> list[Verdict]:
-        """The verdicts on ``items`` (see :func:`validate_in_child`); ``keep``: the child stays for another batch
-        (unless it stalled or ended), else it is reaped and the pipes closed."""
-        batch = frames(items, sys.path)
-        self.frames = batch if not self.fed else itertools.islice(batch, 1, None)  # its sys.path: once
-        self.fed, self.count, self.verdicts = True, len(items), []
+    def judge(self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float) -> list[Verdict]:
+        """The verdicts on ``items`` (see :func:`validate_in_child`); the child is reaped and the pipes closed."""
+        self.frames = frames(items, sys.path)
+        self.count, self.verdicts = len(items), []
         try:
-            return self.run(items, start_wait, item_wait, keep)
+            return self.run(items, start_wait, item_wait)
         except BaseException:  # a signal handler's exception, say: the child is not left behind
             if not self.reaped:
                 self.reap(kill=True)
             raise
-        finally:
-            if self.reaped or not keep:
-                self._close_all()
-
-    def close(self) -> None:
-        """End the child's input (it leaves), reap it, close the pipes."""
-        try:
-            if not self.reaped:
-                self.reap(kill=False)
         finally:
             self._close_all()
 
@@ -275,9 +184,7 @@ class _Talk:
             if fd not in self.closed:
                 self._close(fd)
 
-    def run(
-        self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float, keep: bool
-    ) -> list[Verdict]:
+    def run(self, items: Sequence[tuple[Snapshot, Password]], start_wait: float, item_wait: float) -> list[Verdict]:
         os.set_blocking(self.to_child, False)
         poller = original("select", "poll")()
         for fd in (self.from_child, self.errors):
@@ -289,7 +196,7 @@ class _Talk:
             now = time.monotonic()
             if feeding and now >= feed_at:  # the pipe is written to when due, not woken for at each page it frees
                 feeding, feed_at = self._feed(), now + FEED_PAUSE
-                if not feeding and not keep:
+                if not feeding:
                     self._close(self.to_child)
             left = deadline - now
             if left <= 0:
@@ -305,10 +212,8 @@ class _Talk:
                         if self.ready and 0 < len(self.verdicts) < self.count:
                             pause(min(BATCH_PAUSE, (self.count - len(self.verdicts)) / 1000))  # let them gather
         if len(self.verdicts) == self.count:
-            if not keep:
-                self.reap(kill=False)
+            self.reap(kill=False)
             return self.verdicts
-        self.ended = gone
         how = self.reap(kill=not gone)
         detail = self._stderr_tail()
         if not self.ready:

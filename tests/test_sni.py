@@ -240,6 +240,34 @@ def test_rotating_one_identity_changes_only_its_leaf_without_a_failed_handshake(
     assert status["a"].failures == status["b"].failures == 0  # no "hook replaced" from a routed identity
 
 
+def test_changes_counts_what_is_served_changing_and_nothing_else(tmp_path: Path, ca: trustme.CA) -> None:
+    """What the reader compares before it copies the identities into its publication (instead of looking at every
+    identity every interval): ticks with nothing new leave the count alone; a rotation, an identity added, one
+    removed each move it."""
+    sni = tmp_path / "sni"
+    layout_a = KubeletLayout(sni / "a")
+    install(layout_a, issue(ca, "a.test"))
+    with sni_server(tmp_path, ca, str(sni)) as s:
+        at_start = s.identities.changes
+        assert at_start >= 1  # the identities found at start
+        checks_made(s.default_reloader, 3)
+        assert s.identities.changes == at_start
+        a2 = install(layout_a, issue(ca, "a.test"))
+        wait_until(lambda: sni_serial(s.port, verifying(ca), "a.test") == a2.serial, DEADLINE, what="a's new leaf")
+        rotated = s.identities.changes
+        assert rotated > at_start
+        c = install(KubeletLayout(sni / "c"), issue(ca, "c.test"))
+        wait_until(lambda: sni_serial(s.port, verifying(ca), "c.test") == c.serial, DEADLINE, what="c added")
+        added = s.identities.changes
+        assert added > rotated
+        _remove_tree(sni / "c")
+        wait_until(lambda: "c" not in s.identities.reloaders(), DEADLINE, what="c removed")
+        assert s.identities.changes > added
+        settled = s.identities.changes
+        checks_made(s.default_reloader, 3)
+        assert s.identities.changes == settled
+
+
 def test_a_bad_pair_for_one_identity_keeps_it_and_the_others_serving(
     tmp_path: Path, ca: trustme.CA, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -104,6 +104,7 @@ class Judging:
         self._sni: SNIIdentities | None = None
         self._index: IndexWriter | None = None
         self._exported: dict[str, Snapshot] = {}  # what the index holds, by identity name
+        self._exported_at = -1  # the SNI identities' changes count at the last export (-1: none yet)
         self._sni_directories = list(sni)
         self._password = password
 
@@ -147,8 +148,9 @@ class Judging:
 
     def _export(self) -> None:
         """Publish the SNI identities whose served bytes changed, forget those gone, and the routes when either."""
-        if self._sni is None or self._index is None:
+        if self._sni is None or self._index is None or self._sni.changes == self._exported_at:
             return
+        exported_at = self._sni.changes  # before the look: a change made meanwhile is exported next time
         served = self._sni.reloaders()
         changed: dict[str, tuple[Snapshot, str]] = {}
         for name, reloader in served.items():
@@ -156,9 +158,9 @@ class Judging:
             if validated is not self._exported.get(name):
                 changed[name] = (validated, json.dumps(reloader.leaf.fields()))
         removed = [name for name in self._index.names if name not in served]  # a predecessor's too
-        if not changed and not removed:
-            return
-        self._index.write(changed, removed, self._sni.names())
+        if changed or removed:
+            self._index.write(changed, removed, self._sni.names())
+        self._exported_at = exported_at
         for name in removed:
             self._exported.pop(name, None)
         self._exported.update({name: snapshot for name, (snapshot, _) in changed.items()})

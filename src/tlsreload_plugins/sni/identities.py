@@ -106,6 +106,7 @@ class SNIIdentities:
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
         self._read_ahead: dict[str, Snapshot] = {}  # the bytes of identities about to be added, read in one pass
         self._starting = True  # the first look: one summary line, not a line per identity
+        self._changes = 0  # what is served changed this many times (see the changes property)
         self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
         self._reported: tuple[int, int] = (-1, -1)  # (served, unserved) the aggregate metrics last showed
         self._missing: set[str] = set()
@@ -169,6 +170,13 @@ class SNIIdentities:
         return lookup(self._table, server_name)
 
     # -- reading state -------------------------------------------------------------------------
+
+    @property
+    def changes(self) -> int:
+        """How many times what is served changed (an identity added, removed, or reloaded): one who copies what is
+        served elsewhere (the reader, into its publication) compares it with the count it last copied at, rather
+        than look at every identity."""
+        return self._changes
 
     def reloaders(self) -> dict[str, Reloader]:
         """The identities served, by name."""
@@ -252,6 +260,7 @@ class SNIIdentities:
             self._found = found
             self._read_ahead.clear()
             if rebuild:
+                self._changes += 1
                 self._rebuild()
             for reloader in self._removed.values():
                 # Only now that no handshake is routed to it: one routed by the old table still gets its context.
@@ -297,6 +306,7 @@ class SNIIdentities:
             self._again.add(name)
         if outcome is not Outcome.RELOADED:
             return False
+        self._changes += 1
         self._contexts.keep(reloader)  # the context the reload built, here rather than in a handshake
         return reloader.leaf.sans != self._routed.get(name)
 
@@ -323,6 +333,7 @@ class SNIIdentities:
                 self._missing.discard(name)
                 self._again.add(name)
                 if reloader.check(settle=settle, offload=offload) is Outcome.RELOADED:
+                    self._changes += 1
                     self._contexts.keep(reloader)
             elif name not in self._missing:  # gone once: served until the next look confirms it
                 self._missing.add(name)

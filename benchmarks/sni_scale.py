@@ -243,8 +243,11 @@ if __name__ == "__main__":
 
 
 @contextlib.contextmanager
-def started(server: str, default: Path, sni: Path, work: Path) -> Iterator[tuple[kit.Server, float]]:
-    """``server`` serving ``sni``; yields it and ``time.monotonic()`` at spawn. Stopped at the end."""
+def started(
+    server: str, default: Path, sni: Path, work: Path, plugin: bool = True
+) -> Iterator[tuple[kit.Server, float]]:
+    """``server`` serving ``sni`` (stock: the default identity only); yields it and ``time.monotonic()`` at spawn.
+    Stopped at the end."""
     port = kit.free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TLSRELOAD_INTERVAL": INTERVAL, "TLSRELOAD_SNI": str(sni)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(kit.BENCH_DIR), env.get("PYTHONPATH", "")) if p)
@@ -256,7 +259,7 @@ def started(server: str, default: Path, sni: Path, work: Path) -> Iterator[tuple
         app.write_text(SANIC_APP)
         command = [sys.executable, str(app), str(default), str(sni), str(port)]
     else:
-        command = kit.server_command(server, True, default / "tls.crt", default / "tls.key", port, WORKERS[server])
+        command = kit.server_command(server, plugin, default / "tls.crt", default / "tls.key", port, WORKERS[server])
     log_path = work / f"{server}-{sni.name}-{port}.log"
     with open(log_path, "wb") as log_file:
         spawned = time.monotonic()
@@ -270,7 +273,7 @@ def started(server: str, default: Path, sni: Path, work: Path) -> Iterator[tuple
             preexec_fn=kit._die_with_parent if sys.platform == "linux" else None,
         )
     try:
-        yield kit.Server(server, server != "sanic", port, proc, log_path), spawned
+        yield kit.Server(server, plugin and server != "sanic", port, proc, log_path), spawned
     finally:
         kit.stop_process_group(proc)
 
@@ -442,13 +445,33 @@ def measure(server_name: str, count: int, mint: Mint, work: Path, idle: float, r
         return result
 
 
+def stock_idle(server_name: str, mint: Mint, work: Path, idle: float) -> float:
+    """The idle CPU of the stock server's busiest serving process (the default identity, no SNI: stock has no
+    reload), over the same window: what the server itself spends doing nothing, beside the plugin's figure."""
+    default = default_identity(mint)
+    with started(server_name, default, default, work, plugin=False) as (server, _):
+        until(lambda: bool(ask(server.port, "localhost")[0]), READY_TIMEOUT, "stock answering", server)
+        pids = workers_of(server)
+        time.sleep(2.0)
+        start_cpu = {pid: cpu_seconds(pid) for pid in pids}
+        time.sleep(idle)
+        share = max((cpu_seconds(pid) - start_cpu[pid]) / idle for pid in pids)
+    kit.log(f"  stock {server_name}: idle {share:.2%}")
+    return share
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     mint = Mint(Path(args.cache))
     rng = random.Random(args.seed)
     results: list[dict[str, Any]] = []
     machine_before = kit.cpu_ticks()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    stock: dict[str, float] = {}
     with kit.work_dir("sni-scale") as work:
+        for server in args.servers:
+            if server in ("uvicorn", "gunicorn-gthread"):
+                kit.log(f"stock {server}: idle")
+                stock[server] = stock_idle(server, mint, work, args.idle)
         for count in args.counts:
             for server in args.servers:
                 if server == "sanic" and not _sanic_installed():
@@ -476,9 +499,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     extra <= TARGETS["extra_pss_mib"],
                 )
             )
+        stock_share = f" (stock's own: {stock[name]:.2%})" if name in stock else ""
         targets.append(
             kit.target_row(
-                f"{name} idle CPU per serving process at {count} <= 0.2 %",
+                f"{name} idle CPU per serving process at {count} <= 0.2 %{stock_share}",
                 f"{r['idle_share']:.2%}",
                 r["idle_share"] <= TARGETS["idle_share"],
             )
@@ -511,10 +535,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "names asked": NAMES_ASKED,
             "load average at start": load,
             "host steal": kit.steal_share(machine_before, kit.cpu_ticks()),
+            "inotify max_user_watches": _inotify_watches(),
         },
+        "stock_idle_share": stock,
         "results": results,
         "targets": targets,
     }
+
+
+def _inotify_watches() -> str:
+    try:
+        return Path("/proc/sys/fs/inotify/max_user_watches").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 def _sanic_installed() -> bool:
@@ -568,7 +601,11 @@ def report(result: dict[str, Any]) -> str:
         f"Kubelet Secrets under one `TLSRELOAD_SNI` directory, interval {s['interval']} s; tlsreload-uvicorn one "
         "process, gunicorn gthread 2 workers (worst worker shown), stock Sanic (CertSelector, no reload). Idle "
         f"window {s['idle window s']} s; memory after handshakes to {s['names asked']} random names. Load average "
-        f"at start {s['load average at start']}; host steal {s['host steal']}.\n\n" + kit.table(headers, rows)
+        f"at start {s['load average at start']}; host steal {s['host steal']}; inotify watches allowed "
+        f"{s['inotify max_user_watches']}. Stock's own idle CPU in the same window (default identity): "
+        + (", ".join(f"{name} {share:.2%}" for name, share in result.get("stock_idle_share", {}).items()) or "-")
+        + ".\n\n"
+        + kit.table(headers, rows)
     )
 
 

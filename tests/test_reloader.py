@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import trustme
 
+import tlsreload_plugins.files
+import tlsreload_plugins.reloader
 import tlsreload_plugins.validation.apart
 from hostile import HOSTILE
 from tls_server import make_recipe, serving
@@ -404,3 +406,54 @@ def test_a_stop_asked_while_the_files_become_usable_is_still_a_stop() -> None:
     assert signal.getsignal(signal.SIGTERM) == before  # the server's own handler is back
     # Without a stop, the same attempt's result is served.
     assert wait_until_usable(lambda: "usable", every=0.01, signals=(signal.SIGTERM,)) == "usable"
+
+
+def test_a_sweep_of_unchanged_files_reads_them_once_and_then_only_looks_at_their_metadata(
+    files: tuple[Path, Path], ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SNI identities' safety-net sweep, thousands of identities a tick: a file unchanged since it was last found
+    to hold what is served costs one ``stat``, not a read and a hash. A rewrite in place that keeps the size and the
+    modification time still changes the change time, and is read, judged and served."""
+    monkeypatch.setattr(tlsreload_plugins.files, "RACY_NS", 0)  # files written just now vouch for themselves
+    write(files, issue(ca))
+    reloader = reloader_for(files)
+    reads: list[object] = []
+    real_read = tlsreload_plugins.reloader.read_files
+
+    def counted(tls_files: object) -> object:
+        reads.append(tls_files)
+        return real_read(tls_files)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tlsreload_plugins.reloader, "read_files", counted)
+    assert reloader.sweep() is Outcome.UNCHANGED
+    assert len(reads) == 1  # the first sweep reads: no stamp vouches for the files yet
+    for _ in range(3):
+        assert reloader.sweep() is Outcome.UNCHANGED
+    assert len(reads) == 1
+    assert reloader.status().checks == 4
+    before = [os.stat(path) for path in files]
+    renewed = next(  # a pair whose files are exactly as long as the served pair's
+        pair
+        for pair in (issue(ca) for _ in range(200))
+        if (len(pair.chain), len(pair.key)) == (before[0].st_size, before[1].st_size)
+    )
+    write(files, renewed)  # in place: same inodes, same sizes, then the same modification times
+    for path, info in zip(files, before, strict=True):
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert [(os.stat(path).st_ino, os.stat(path).st_mtime_ns) for path in files] == [
+        (info.st_ino, info.st_mtime_ns) for info in before
+    ]
+    assert reloader.sweep() is Outcome.RELOADED
+    assert reloader.leaf.serial == renewed.serial
+
+
+def test_a_file_changed_within_the_clock_s_granularity_is_never_vouched_for_by_its_stamp(
+    files: tuple[Path, Path], ca: trustme.CA
+) -> None:
+    write(files, issue(ca))
+    tls_files = tlsreload_plugins.files.TLSFiles(str(files[0]), str(files[1]))
+    assert tlsreload_plugins.files.stamp(tls_files) is None  # just written: read, not trusted
+    old = time.time_ns() - 2 * tlsreload_plugins.files.RACY_NS
+    for path in files:
+        os.utime(path, ns=(old, old))  # (the change time stays now: utime is a change too)
+    assert tlsreload_plugins.files.stamp(tls_files) is None

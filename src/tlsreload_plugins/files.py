@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Callable
 
 from tlsreload_plugins.errors import InvalidIdentity
@@ -205,6 +206,36 @@ def fingerprint(snapshot: Snapshot) -> str:
             digest.update(b"%d:" % len(part))
             digest.update(part)
     return digest.hexdigest()
+
+
+RACY_NS = 2_000_000_000
+"""Nanoseconds a file's change time must lie before a :func:`stamp` is taken for the stamp to vouch for its content:
+a filesystem's clock ticks coarsely (milliseconds), so two writes within one tick leave the same change time, and
+a stamp taken between them would hide the second (git's "racy clean" entries)."""
+
+
+def stamp(files: TLSFiles) -> tuple[tuple[int, int, int, int, int], ...] | None:
+    """What the files' metadata says now, following links: inode, device, size, modification and change time of
+    each. Equal stamps mean that no file was written, replaced or relinked between them: a write changes the change
+    time, a rename or a relink the inode. ``None`` when a file cannot be looked at, or changed too recently for its
+    stamp to vouch for it (:data:`RACY_NS`): the caller reads the files instead. One ``stat`` per file: what a
+    check costs when nothing changed, where reading and hashing cost several times more.
+
+    Example: ``before = stamp(files)``; later, ``stamp(files) == before`` means the content is unchanged.
+    """
+    now = time.time_ns()
+    found = []
+    for path in (files.certfile, files.keyfile, files.ca_certs, files.crl):
+        if not path:
+            continue
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        if now - info.st_ctime_ns < RACY_NS:
+            return None
+        found.append((info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+    return tuple(found)
 
 
 def identity_hash(snapshot: Snapshot) -> int | None:

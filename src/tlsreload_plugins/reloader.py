@@ -37,7 +37,7 @@ from tlsreload_plugins.examine import (
     new_content,
 )
 from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_hash, read_files
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_hash, read_files, stamp
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.memory_files import RecipeFor, context_from
 from tlsreload_plugins.outcome import (
@@ -261,6 +261,7 @@ class Reloader:
             self._created_on_newest(live, snapshot)
         self._fingerprint = fingerprint(snapshot)
         self._served = snapshot
+        self._stamp: tuple[tuple[int, int, int, int, int], ...] | None = None  # see sweep()
         if demand is not None and shares_trust:
             demand.served = identity_hash(snapshot)
         self._leaf = leaf
@@ -333,19 +334,24 @@ class Reloader:
         return outcome
 
     def sweep(self, offload: Offload[Examined] | None = None) -> Outcome:
-        """:meth:`check` at the cost of a read and a hash when nothing changed: when the files hold exactly
+        """:meth:`check` at the cost of a ``stat`` per file when nothing changed: when the files hold exactly
         the content served, nothing is pending, no ``on_check`` callback listens and nothing is ``offload``-ed,
         only the counters, the last success and the expiry warning are renewed (UNCHANGED); otherwise a full
-        :meth:`check`. For the SNI identities' safety-net sweep. Blocking; never raises."""
+        :meth:`check`. The files are read and hashed only when their :func:`~tlsreload_plugins.files.stamp` is not
+        the one they had when last found to hold what is served. For the SNI identities' safety-net sweep.
+        Blocking; never raises."""
         record = self._record
         if offload is not None or record.on_check or record.last_error is not None or self._known_bad is not None:
             return self.check(offload=offload)  # (offload: gevent, where even a read must leave the hub)
-        try:
-            same = fingerprint(read_files(self.files)) == self._fingerprint
-        except Exception:  # unreadable now: the full check reports it
-            same = False
-        if not same:
-            return self.check(offload=offload)
+        now_stamp = stamp(self.files)  # before the read: a change after it is a new stamp next time
+        if now_stamp is None or now_stamp != self._stamp:
+            try:
+                same = fingerprint(read_files(self.files)) == self._fingerprint
+            except Exception:  # unreadable now: the full check reports it
+                same = False
+            if not same:
+                return self.check(offload=offload)
+            self._stamp = now_stamp
         with self._lock:
             now = self._clock()
             record.checks += 1

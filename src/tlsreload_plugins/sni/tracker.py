@@ -8,8 +8,9 @@ a slice of the rest, so that an unchanged tick costs what changed rather than a 
 * an identity under a directory that saw an event is *dirty*: the caller checks it in full (read, hash,
   validate) on this tick;
 * the ticker stays as the safety net, as controller-runtime's certwatcher keeps its poll beside its inotify
-  watches: every tick also sweeps a slice of the identities, so that each is checked in full at least every
-  ``max(SWEEP_PERIOD, interval)`` seconds whatever the kernel said;
+  watches: every tick also sweeps a slice of the identities, so that each is looked at at least every
+  ``max(SWEEP_PERIOD, interval)`` seconds whatever the kernel said (``Reloader.sweep``: a ``stat`` per file, and a
+  full check when that changed);
 * where inotify is missing, or the kernel's watches run out (one WARNING), every identity is checked on every
   tick.
 
@@ -36,8 +37,8 @@ from tlsreload_plugins.sni.inotify import DirectoryEvents, WatchesExhausted, ope
 log = logging.getLogger("tlsreload_plugins.sni")
 
 SWEEP_PERIOD = 60.0
-"""Seconds within which every identity is checked in full whatever the kernel reported (or the check
-interval, when longer): the safety net under the change notifications."""
+"""Seconds within which every identity is swept whatever the kernel reported (or the check interval, when longer):
+the safety net under the change notifications."""
 
 EVERYTHING = "\0every identity"
 """The owner of a watched directory whose change concerns every identity (the shared client-CA bundle's)."""

@@ -3,8 +3,8 @@
 A certificate, its key and a CA bundle that code fetched (a secret manager, SPIFFE's Workload API) are written
 into a private directory as one atomic swap of all the files (kubelet's ``..data`` symlink swap), so that every
 server glue, every worker model and :class:`~tlsreload_plugins.client.ClientIdentity` take them as they take any
-files: validated in a child process, kept as the last good identity, shared with workers through the store, a
-failure reported once with the file named. Hostile bytes are written like any others, and refused by the readers
+files: validated (by the server's reader, or in a child process), the last good identity kept serving, a failure
+reported once with the file named. Hostile bytes are written like any others, and refused by the readers
 like a bad file: the last good identity keeps serving.
 """
 

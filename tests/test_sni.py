@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 import trustme
 
+import tlsreload_plugins.files
+import tlsreload_plugins.reloader
 from tls_server import make_recipe, serving
-from tlsreload_plugins import Reloader, SNIIdentities, ThreadDriver, TLSFiles, metrics
+from tlsreload_plugins import Outcome, Reloader, SNIIdentities, ThreadDriver, TLSFiles, metrics
 from tlsreload_plugins.sni.discovery import SNI_ENV, resolve_directories
 from tlsreload_plugins.sni.identities import for_reloader
 from tlsreload_plugins.sni.table import host_names
@@ -504,3 +506,31 @@ def _remove_tree(directory: Path) -> None:
         else:
             path.unlink()
     directory.rmdir()
+
+
+def test_identities_found_at_start_are_vouched_for_by_the_stamp_taken_before_their_one_read(
+    tmp_path: Path, ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 100,000 identities the sweep looks at 1,667 a second: an identity read at start (in one pass, for its
+    reloader) is not read again by its first sweep, which compares the stamp taken just before that read."""
+    monkeypatch.setattr(tlsreload_plugins.files, "RACY_NS", 0)  # files written just now vouch for themselves
+    sni = tmp_path / "sni"
+    layouts = {name: KubeletLayout(sni / name) for name in ("a", "b", "c")}
+    for name, layout in layouts.items():
+        install(layout, issue(ca, f"{name}.test"))
+    identities = SNIIdentities(str(sni), recipe_for=recipe_for, interval=60)
+    reads: list[object] = []
+    real_read = tlsreload_plugins.reloader.read_files
+
+    def counted(files: TLSFiles) -> object:
+        reads.append(files)
+        return real_read(files)
+
+    monkeypatch.setattr(tlsreload_plugins.reloader, "read_files", counted)
+    served = identities.reloaders()
+    assert sorted(served) == ["a", "b", "c"]
+    assert all(reloader.sweep() is Outcome.UNCHANGED for reloader in served.values())
+    assert reads == []
+    install(layouts["b"], issue(ca, "b.test"))  # kubelet's swap: a new inode behind the link
+    assert served["b"].sweep() is Outcome.RELOADED
+    assert len(reads) >= 1

@@ -214,7 +214,11 @@ a filesystem's clock ticks coarsely (milliseconds), so two writes within one tic
 a stamp taken between them would hide the second (git's "racy clean" entries)."""
 
 
-def stamp(files: TLSFiles) -> tuple[tuple[int, int, int, int, int], ...] | None:
+Stamp = tuple[tuple[int, int, int, int, int], ...]
+"""What :func:`stamp` gives: per file, its inode, device, size, modification and change time."""
+
+
+def stamp(files: TLSFiles) -> Stamp | None:
     """What the files' metadata says now, following links: inode, device, size, modification and change time of
     each. Equal stamps mean that no file was written, replaced or relinked between them: a write changes the change
     time, a rename or a relink the inode. ``None`` when a file cannot be looked at, or changed too recently for its

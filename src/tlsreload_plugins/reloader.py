@@ -37,7 +37,16 @@ from tlsreload_plugins.examine import (
     new_content,
 )
 from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, identity_hash, read_files, stamp
+from tlsreload_plugins.files import (
+    Password,
+    Snapshot,
+    Stamp,
+    TLSFiles,
+    fingerprint,
+    identity_hash,
+    read_files,
+    stamp,
+)
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.memory_files import RecipeFor, context_from
 from tlsreload_plugins.outcome import (
@@ -170,7 +179,8 @@ class Reloader:
     context it built (its owner releases it in turn). For identities
     that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader has no :attr:`context` to
     hand to a server; ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read
-    again.
+    again, and ``stamp``, the files' :func:`~tlsreload_plugins.files.stamp` taken just before, spares :meth:`sweep`
+    reading them once more to vouch for them.
     With ``shares_trust`` (``on_demand`` only), its ``ca_certs`` and ``crl`` are its owner's, which reports what
     concerns them once for all its identities: this reloader logs at DEBUG a reload that changed only them, a
     failure naming one of them and the end of that failure, and warns of no CA without a CRL nor of the CRL's
@@ -208,6 +218,7 @@ class Reloader:
         clock: Callable[[], float] = time.time,
         on_demand: RecipeFor | None = None,
         read: Snapshot | None = None,
+        stamp: Stamp | None = None,
         shares_trust: bool = False,
         last_good: tuple[Snapshot, Leaf, ssl.SSLContext] | None = None,
         subscription: Subscription | None = None,
@@ -261,7 +272,7 @@ class Reloader:
             self._created_on_newest(live, snapshot)
         self._fingerprint = fingerprint(snapshot)
         self._served = snapshot
-        self._stamp: tuple[tuple[int, int, int, int, int], ...] | None = None  # see sweep()
+        self._stamp = stamp if read is not None else None  # see sweep()
         if demand is not None and shares_trust:
             demand.served = identity_hash(snapshot)
         self._leaf = leaf

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tlsreload_plugins.errors import InvalidIdentity
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, read_files
+from tlsreload_plugins.files import Password, Snapshot, Stamp, TLSFiles, read_files, stamp
 
 
 @dataclass
@@ -19,10 +19,12 @@ class Ahead:
 
     Attributes:
         read: each identity's bytes, by name (those whose files could not be read are left out).
+        stamps: each one's :func:`~tlsreload_plugins.files.stamp`, taken before its bytes were read.
         to_validate: those bytes, with the password.
     """
 
     read: dict[str, Snapshot] = field(default_factory=dict)
+    stamps: dict[str, Stamp | None] = field(default_factory=dict)
     to_validate: list[tuple[Snapshot, Password]] = field(default_factory=list)
 
 
@@ -34,7 +36,9 @@ def read_ahead(
     ahead = Ahead()
     for name in names:
         files = TLSFiles(found[name].certfile, found[name].keyfile, *trust)
+        before = stamp(files)
         with contextlib.suppress(InvalidIdentity):
             ahead.read[name] = read_files(files)
+            ahead.stamps[name] = before
     ahead.to_validate = [(snapshot, password) for snapshot in ahead.read.values()]
     return ahead

@@ -41,7 +41,7 @@ from tlsreload_plugins import metrics
 from tlsreload_plugins.drivers import gevent_offload
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.examine import Examined
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles
+from tlsreload_plugins.files import Password, Snapshot, Stamp, TLSFiles
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Outcome, Status
 from tlsreload_plugins.reloader import Offload, Reloader
@@ -105,6 +105,7 @@ class SNIIdentities:
         self._count = 0  # how many identities it found (per-identity metrics below metrics.PER_IDENTITY_UP_TO)
         self._again: set[str] = set()  # identities to look at again on the next check, whatever happens
         self._read_ahead: dict[str, Snapshot] = {}  # the bytes of identities about to be added, read in one pass
+        self._stamps_ahead: dict[str, Stamp | None] = {}  # their files' stamps, taken before they were read
         self._starting = True  # the first look: one summary line, not a line per identity
         self._changes = 0  # what is served changed this many times (see the changes property)
         self._sweeping: frozenset[str] = frozenset()  # identities looked at only by the sweep, this tick
@@ -259,6 +260,7 @@ class SNIIdentities:
                     self._identities = self._walk(found, wanted, settle, offload)
             self._found = found
             self._read_ahead.clear()
+            self._stamps_ahead.clear()
             if rebuild:
                 self._changes += 1
                 self._rebuild()
@@ -279,14 +281,15 @@ class SNIIdentities:
         changed, the ones whose files hold new content. Under gevent, in its threadpool."""
         run = cast("Callable[[Callable[[], Any]], Any] | None", offload) or (lambda work: work())
         current = self._identities
-        adding = found.keys() - current.keys()
         if found is self._found and not self._missing:  # nothing added or removed: only those wanted are added
-            adding &= wanted
+            adding = {name for name in wanted if name in found and name not in current}
+        else:
+            adding = found.keys() - current.keys()
         apart = validate_apart.apart()
 
         def gather() -> list[tuple[Snapshot, Password]]:
             ahead = read_ahead(adding, found, (self.ca_certs, self.crl), self.password)
-            self._read_ahead = ahead.read  # not read again by _add
+            self._read_ahead, self._stamps_ahead = ahead.read, ahead.stamps  # not read again by _add
             changed = [current[name].new_content() for name in dirty & wanted if name in current and apart]
             return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
 
@@ -376,6 +379,7 @@ class SNIIdentities:
                 expiry_warning_days=self.expiry_warning_days,
                 on_demand=self.recipe_for,
                 read=self._read_ahead.pop(name, None),
+                stamp=self._stamps_ahead.pop(name, None),
                 shares_trust=True,  # the default identity's bundle and CRL: it reports them, once
             )
         except (InvalidIdentity, TypeError) as e:

@@ -55,7 +55,7 @@ import tlsreload_plugins
 from test_gunicorn import DEADLINE, DROP_IN, TESTS, UVICORN, fetch, gunicorn, start, wait_every_worker
 from test_hypercorn import drop_in as hypercorn_drop_in
 from test_hypercorn import start as start_hypercorn
-from test_restarts import FAILED, LAST_GOOD
+from test_restarts import LAST_GOOD, MISMATCH, refusals_said
 from test_uvicorn import drop_in
 from test_uvicorn import start as start_uvicorn
 from tlstest import HOST, Hammer, KubeletLayout, Pair, Server, client_context, free_port, issue, wait_until
@@ -392,13 +392,13 @@ def side_by_side(model: str, ca: trustme.CA, good: Pair, root: Path) -> SideBySi
             stopped_itself(side, servers[side])
         start_all(gone, "-again")
         other, layout = issue(ca), layouts["plugin"]
-        before = servers["plugin"].output().count(FAILED)
+        plugin = servers["plugin"]
+        before = refusals_said(plugin.output(), MISMATCH)
         layout.write_raw(other.chain, good.key)  # a mismatched pair: the new certificate, the old key
         # The window opens once the server's reader has refused them: a worker started from then on starts on broken
         # files (one started before it looked serves the same certificate, from the same publication, and has
         # nothing to say about them).
-        plugin = servers["plugin"]
-        wait_until(lambda: plugin.output().count(FAILED) > before, DEADLINE, what="the broken files reported")
+        wait_until(lambda: refusals_said(plugin.output(), MISMATCH) > before, DEADLINE, what="the mismatch reported")
         torn = other.chain[: len(other.chain) // 2]  # a certificate cut off in the middle of its base64
         steps = [(1 / 3, hup(*servers.values())), (2 / 3, lambda: layout.write_raw(torn, other.key))]
         broken_files = window(servers["plugin"], servers["stock"], ctx, steps, seconds)

@@ -34,8 +34,8 @@ from tlsreload_plugins.files import password_file as password_in_file
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.reader import ReaderFailed, ReaderProcess
 from tlsreload_plugins.reloader import Reloader
-from tlsreload_plugins.serving.start import Settings, Waiting, check_at_start, start_reloader
-from tlsreload_plugins.settings import resolve_interval, resolve_password, resolve_sni_directories
+from tlsreload_plugins.serving.start import Settings, Waiting, check_at_start, start_reader, start_reloader
+from tlsreload_plugins.settings import resolve_password
 
 __all__ = ["SSL_OPTIONS", "ReloadingTLS", "reloaders", "reloading_tls"]
 
@@ -73,13 +73,7 @@ class ReloadingTLS:
             if self._reader is not None:
                 self._reader.again()
                 return
-            settings = self._settings
-            self._reader = ReaderProcess(
-                self._settings.with_crl(self.files),
-                password=self._password,
-                interval=resolve_interval(settings.interval),
-                sni=resolve_sni_directories(settings.sni),
-            )
+            self._reader = start_reader(self.files, self._password, self._settings)
         except (ReaderFailed, ValueError) as e:
             log.error("cannot start the TLS reader (each process reads the TLS files itself): %s", e)
         except Exception:  # in a fork hook, where nothing may stop the fork

@@ -64,6 +64,7 @@ __all__ = [
     "equip",
     "exit_if_cannot_serve",
     "retry_at_start",
+    "start_reader",
     "start_reloader",
     "wait_until_usable",
 ]
@@ -293,8 +294,7 @@ def check_at_start(
         files = settings.with_crl(files)
         recipe = authorized(recipe, resolve_authorizer(settings.authorize))
         if reader:
-            interval, sni = resolve_interval(settings.interval), resolve_sni_directories(settings.sni)
-            started = ReaderProcess(files, password=password, interval=interval, sni=sni)
+            started = start_reader(files, password, settings)
             # The server's own recipe too, once, as a worker will build it: a hook that raises stops the start here.
             retry_at_start(lambda: build_context(recipe, files))
         else:
@@ -305,6 +305,21 @@ def check_at_start(
             started.close()
         raise CannotServe(f"cannot serve TLS: {e}") from e
     return started
+
+
+def start_reader(files: TLSFiles, password: Password, settings: Settings) -> ReaderProcess:
+    """The server's one reader of ``files`` (the CRL: else :attr:`Settings.crl`) and of its SNI identities, started
+    with ``settings``' interval and SNI directories: what :func:`check_at_start` starts with ``reader``, and what a
+    glue that starts it later (Tornado, before its first fork) calls itself.
+
+    Raises:
+        ReaderFailed: nothing could be published (the sentence names the file).
+        ValueError: a bad setting.
+
+    Example: ``reader = start_reader(files, password, settings)``; every worker then loads ``reader.directory``.
+    """
+    interval, sni = resolve_interval(settings.interval), resolve_sni_directories(settings.sni)
+    return ReaderProcess(settings.with_crl(files), password=password, interval=interval, sni=sni)
 
 
 def start_reloader(

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tlsreload_plugins.errors import InvalidIdentity
-from tlsreload_plugins.files import Password, Snapshot, Stamp, TLSFiles, read_files, stamp
+from tlsreload_plugins.files import Snapshot, Stamp, TLSFiles, read_files, stamp
 
 
 @dataclass
@@ -20,19 +20,15 @@ class Ahead:
     Attributes:
         read: each identity's bytes, by name (those whose files could not be read are left out).
         stamps: each one's :func:`~tlsreload_plugins.files.stamp`, taken before its bytes were read.
-        to_validate: those bytes, with the password.
     """
 
     read: dict[str, Snapshot] = field(default_factory=dict)
     stamps: dict[str, Stamp | None] = field(default_factory=dict)
-    to_validate: list[tuple[Snapshot, Password]] = field(default_factory=list)
 
 
-def read_ahead(
-    names: Iterable[str], found: Mapping[str, TLSFiles], trust: tuple[str | None, str | None], password: Password
-) -> Ahead:
+def read_ahead(names: Iterable[str], found: Mapping[str, TLSFiles], trust: tuple[str | None, str | None]) -> Ahead:
     """The bytes of each identity of ``names`` (whose files ``found`` gives; ``trust`` the client-CA bundle and
-    CRL files they share), to validate with ``password``. Blocking (reads files)."""
+    CRL files they share), and their stamps. Blocking (reads files)."""
     ahead = Ahead()
     for name in names:
         files = TLSFiles(found[name].certfile, found[name].keyfile, *trust)
@@ -40,5 +36,4 @@ def read_ahead(
         with contextlib.suppress(InvalidIdentity):
             ahead.read[name] = read_files(files)
             ahead.stamps[name] = before
-    ahead.to_validate = [(snapshot, password) for snapshot in ahead.read.values()]
     return ahead

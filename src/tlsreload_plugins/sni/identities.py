@@ -288,10 +288,11 @@ class SNIIdentities:
         apart = validate_apart.apart()
 
         def gather() -> list[tuple[Snapshot, Password]]:
-            ahead = read_ahead(adding, found, (self.ca_certs, self.crl), self.password)
+            ahead = read_ahead(adding, found, (self.ca_certs, self.crl))
             self._read_ahead, self._stamps_ahead = ahead.read, ahead.stamps  # not read again by _add
             changed = [current[name].new_content() for name in dirty & wanted if name in current and apart]
-            return ahead.to_validate + [(snapshot, self.password) for snapshot in changed if snapshot is not None]
+            fresh = [*ahead.read.values(), *(snapshot for snapshot in changed if snapshot is not None)]
+            return [(snapshot, self.password) for snapshot in fresh]
 
         items = run(gather) if adding or (dirty and apart) else []
         return validate_apart.prejudged(items, run=run) if apart else contextlib.nullcontext()

@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tlsreload_plugins.decision import Decision
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import (
     Examined,
@@ -63,7 +64,16 @@ from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
 from tlsreload_plugins.settings import resolve_crl, resolve_expiry_warning_days, resolve_interval, resolve_password
 
 # build_context and load_identity: docs/core.md documents them under this module, for start-up checks of one's own.
-__all__ = ["Offload", "Reloader", "Route", "SNICallback", "build_context", "create_connections_on", "load_identity"]
+__all__ = [
+    "OnDemand",
+    "Offload",
+    "Reloader",
+    "Route",
+    "SNICallback",
+    "build_context",
+    "create_connections_on",
+    "load_identity",
+]
 
 log = logging.getLogger("tlsreload_plugins.reloader")
 
@@ -128,25 +138,45 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class _OnDemand:
-    """What an ``on_demand`` reloader needs to build its context when first asked (and, kept here rather than on
-    the reloader, whose attributes are counted, whether it shares its trust with its owner).
+class OnDemand:
+    """How a reloader that builds no context until a handshake needs one (``Reloader(on_demand=)``) builds it, and
+    what its owner has already read: for identities that may never be asked for
+    (:mod:`tlsreload_plugins.sni.identities`, thousands read at once).
+
+    Args:
+        recipe_for: the server's recipe, aimed at other paths (those of the validated bytes, in memory files).
+        read: the files' bytes its owner has just read: the reloader does not read them again at construction.
+        stamp: the files' :func:`~tlsreload_plugins.files.stamp`, taken just before ``read``: spares
+            :meth:`Reloader.sweep` reading them once more to vouch for them.
+        shares_trust: its client-CA bundle and CRL are its owner's, which reports what concerns them once for all
+            its identities: the reloader logs at DEBUG a reload that changed only them, a failure naming one of them
+            and the end of that failure, and warns of no CA without a CRL nor of the CRL's ``nextUpdate``; its
+            :meth:`Reloader.status` (and metrics) count those failures and reloads still.
 
     Attributes:
-        recipe_for: the server's recipe, aimed at other paths.
         lock: one build at a time: a second handshake waits for the first's.
-        shares_trust: its client-CA bundle and CRL are its owner's, which reports what concerns them.
-        served: with ``shares_trust``: :func:`~tlsreload_plugins.files.identity_hash` of the bytes served, to tell
-            a reload that changed the shared trust alone (``None``: no trust shared, nothing to tell).
+        identity_hash: with ``shares_trust``: :func:`~tlsreload_plugins.files.identity_hash` of the bytes served, to
+            tell a reload that changed the shared trust alone (``None``: no trust shared, nothing to tell).
+
+    Example: ``Reloader(certfile, keyfile, recipe=recipe, on_demand=OnDemand(recipe_for, shares_trust=True))``.
     """
 
-    __slots__ = ("lock", "recipe_for", "served", "shares_trust", "validated")
+    __slots__ = ("identity_hash", "lock", "read", "recipe_for", "shares_trust", "stamp")
 
-    def __init__(self, recipe_for: RecipeFor, *, shares_trust: bool = False) -> None:
+    def __init__(
+        self,
+        recipe_for: RecipeFor,
+        *,
+        read: Snapshot | None = None,
+        stamp: Stamp | None = None,
+        shares_trust: bool = False,
+    ) -> None:
         self.recipe_for = recipe_for
-        self.lock = threading.Lock()
+        self.read = read
+        self.stamp = stamp
         self.shares_trust = shares_trust
-        self.served: int | None = None
+        self.lock = threading.Lock()
+        self.identity_hash: int | None = None
 
 
 class Reloader:
@@ -173,18 +203,11 @@ class Reloader:
     after a reload, after each newly reported failure and after every check. More can be added later with
     :meth:`add_callbacks` (metrics, an adapter's hooks); exceptions they raise are logged and swallowed.
 
-    ``on_demand`` (``recipe`` aimed at other files) makes a reloader that builds no context until a handshake
-    needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the first
-    :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. A reload keeps the
-    context it built (its owner releases it in turn). For identities
-    that may never be asked for (:mod:`tlsreload_plugins.sni.identities`); such a reloader has no :attr:`context` to
-    hand to a server; ``read``, the files' bytes its owner has just read (it reads thousands at once), are not read
-    again, and ``stamp``, the files' :func:`~tlsreload_plugins.files.stamp` taken just before, spares :meth:`sweep`
-    reading them once more to vouch for them.
-    With ``shares_trust`` (``on_demand`` only), its ``ca_certs`` and ``crl`` are its owner's, which reports what
-    concerns them once for all its identities: this reloader logs at DEBUG a reload that changed only them, a
-    failure naming one of them and the end of that failure, and warns of no CA without a CRL nor of the CRL's
-    ``nextUpdate``; its :meth:`status` (and metrics) count those failures and reloads still.
+    ``on_demand`` (an :class:`OnDemand`, or just the recipe aimed at other files) makes a reloader that builds no
+    context until a handshake needs one: validated files are only described (:attr:`leaf`) and their bytes kept; the
+    first :attr:`newest_context` builds the context from them, :meth:`release_context` forgets it. A reload keeps the
+    context it built (its owner releases it in turn). For identities that may never be asked for
+    (:mod:`tlsreload_plugins.sni.identities`); such a reloader has no :attr:`context` to hand to a server.
 
     ``last_good``: the identity this process judged at start (its bytes, their leaf and a context built from them by
     the server's recipe), served when what the files hold cannot be used at construction (one WARNING says so and
@@ -216,16 +239,11 @@ class Reloader:
         on_failure: Callable[[ReloadError], object] | None = None,
         on_check: Callable[[Outcome, Status], object] | None = None,
         clock: Callable[[], float] = time.time,
-        on_demand: RecipeFor | None = None,
-        read: Snapshot | None = None,
-        stamp: Stamp | None = None,
-        shares_trust: bool = False,
+        on_demand: OnDemand | RecipeFor | None = None,
         last_good: tuple[Snapshot, Leaf, ssl.SSLContext] | None = None,
         subscription: Subscription | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
-        if shares_trust and on_demand is None:
-            raise ValueError("shares_trust is for an on_demand reloader, whose owner reports its trust")
         crl = resolve_crl(crl)
         if crl and not ca_certs:
             raise ValueError(f"a CRL ({crl}) needs the client-CA bundle it revokes certificates of: ca_certs")
@@ -248,14 +266,14 @@ class Reloader:
         # At most 29 attributes in all: CPython shares one key table among instances of up to 30, and an
         # SNI server holds thousands of reloaders (a shared key table keeps each instance's dict small).
         # The context handed to the server, or what an on_demand reloader builds its contexts from.
-        demand = _OnDemand(on_demand, shares_trust=shares_trust) if on_demand is not None else None
-        self._origin: ssl.SSLContext | _OnDemand | None = demand
+        demand = on_demand if isinstance(on_demand, OnDemand) or on_demand is None else OnDemand(on_demand)
+        self._origin: ssl.SSLContext | OnDemand | None = demand
         # The newest complete context and the SNI callback its recipe set, swapped as one tuple
         # so a handshake never pairs one context with another's callback. (None, None): not built yet.
         self._serving: tuple[ssl.SSLContext | None, SNICallback | None] = (None, None)
         start_error: InvalidIdentity | None = None
         if demand is not None:
-            snapshot, leaf = first_leaf(self.files, self.password, read)
+            snapshot, leaf = first_leaf(self.files, self.password, demand.read)
         else:
             if subscription is not None:
                 snapshot, leaf, live, start_error = subscription.first(self.files, clock())
@@ -270,13 +288,14 @@ class Reloader:
             self._serving = (live, live.sni_callback)
             live.sni_callback = self._on_client_hello
             self._created_on_newest(live, snapshot)
-        self._fingerprint = fingerprint(snapshot)
-        self._served = snapshot
-        self._stamp = stamp if read is not None else None  # see sweep()
-        if demand is not None and shares_trust:
-            demand.served = identity_hash(snapshot)
-        self._leaf = leaf
-        self._known_bad: Examined | None = None
+        # What the owner read is not kept twice (the decision holds what is served); its stamp vouches for the
+        # files at the first sweep.
+        self._stamp = demand.stamp if demand is not None and demand.read is not None else None
+        if demand is not None:
+            demand.read = demand.stamp = None
+        if demand is not None and demand.shares_trust:
+            demand.identity_hash = identity_hash(snapshot)
+        self._decision = Decision(self.files, self._record, snapshot, leaf)
         self._fixed_warned: tuple[str, ...] = ()
         self._record.last_success = clock()
         # When the expiry warning was last given, and the last CRL warning given for the CRLs served.
@@ -291,7 +310,7 @@ class Reloader:
             self._started_from_last_good(start_error)
 
     def _started_from_last_good(self, error: InvalidIdentity) -> None:
-        served = f"serving the last good certificate this server served until they can: {self._leaf.describe()}"
+        served = f"serving the last good certificate this server served until they can: {self.leaf.describe()}"
         self._record.log.warning("the TLS files cannot be used (%s); %s", error, served)
         self._record.last_error = str(error)
         self._record.failures = 1
@@ -300,7 +319,7 @@ class Reloader:
         if examined.error is not None:
             self._record.settling.reported = f"{examined.fingerprint}:{examined.error}"
             if examined.fingerprint is not None:
-                self._known_bad = examined
+                self._decision.known_bad = examined
 
     def add_callbacks(
         self,
@@ -352,12 +371,13 @@ class Reloader:
         the one they had when last found to hold what is served. For the SNI identities' safety-net sweep.
         Blocking; never raises."""
         record = self._record
-        if offload is not None or record.on_check or record.last_error is not None or self._known_bad is not None:
+        decision = self._decision
+        if offload is not None or record.on_check or record.last_error is not None or decision.known_bad is not None:
             return self.check(offload=offload)  # (offload: gevent, where even a read must leave the hub)
         now_stamp = stamp(self.files)  # before the read: a change after it is a new stamp next time
         if now_stamp is None or now_stamp != self._stamp:
             try:
-                same = fingerprint(read_files(self.files)) == self._fingerprint
+                same = fingerprint(read_files(self.files)) == decision.fingerprint
             except Exception:  # unreadable now: the full check reports it
                 same = False
             if not same:
@@ -378,15 +398,15 @@ class Reloader:
         try:
             if self._subscription is not None:
                 return self._subscription.examine(
-                    self.files, now, served=self._fingerprint, live=self._live, in_use=self._in_use
+                    self.files, now, served=self._decision.fingerprint, live=self._live, in_use=self._in_use
                 )
             return examine_files(
                 self.files,
                 self.recipe,
                 self.password,
                 now,
-                served=self._fingerprint,
-                known_bad=self._known_bad,
+                served=self._decision.fingerprint,
+                known_bad=self._decision.known_bad,
                 live=self._live,
                 in_use=self._in_use,
             )
@@ -396,41 +416,33 @@ class Reloader:
             return Examined(fingerprint=None, error=error)
 
     def _conclude(self, examined: Examined, now: float, settle: bool) -> Outcome:
-        """The deciding half of :meth:`check`: what ``examined`` means for what is served and reported (swap
-        new handshakes onto the new context, report a failure once it settled and once per distinct problem, say
-        when the files are usable again, warn that the served certificate expires). No I/O: called with the state
-        lock held; what callbacks are to do is left in the record's notices, for after it."""
-        self._record.checks += 1
+        """The deciding half of :meth:`check`: the identity's :class:`~tlsreload_plugins.decision.Decision` on
+        ``examined``, acted on (new handshakes swapped onto the new context) and said in a server's words. No I/O:
+        called with the state lock held; what callbacks are to do is left in the record's notices, for after it."""
         live = self._live
-        if self._record.checks == 1 and live is not None:
+        if self._record.checks == 0 and live is not None:
             # At the first check, not at start: a server may set its verify mode once the context is built
             # (cheroot's adapter is made, then its context told to require client certificates).
             warn_unasked(self._record.log, self.files, live.verify_mode)
         if not self._hook_in_place():
-            error = NotServable(
+            self._record.checks += 1
+            replaced = NotServable(
                 f"the server's SSL context no longer calls tlsreload's sni_callback (other code replaced it after "
                 f"start): new certificates from {self.files.certfile} cannot be served"
             )
-            return self._record.failed("hook replaced", error, False, logging.ERROR, self._leaf)
-        if examined.error is not None:
-            if examined.fingerprint is not None:
-                self._known_bad = examined
-            level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
-            key = f"{examined.fingerprint}:{examined.error}"
-            if not self._reports_trust and self._names_trust(examined.error):
-                level = logging.DEBUG  # its owner reports it, once for all
-            return self._record.failed(key, examined.error, settle, level, self._leaf)
-        if examined.unchanged:
-            self._succeeded(now)
-            return Outcome.UNCHANGED
+            return self._record.failed("hook replaced", replaced, False, logging.ERROR, self.leaf)
+        error = examined.error
+        quiet = error is not None and not self._reports_trust and self._names_trust(error)  # its owner says it
+        outcome = self._decision.conclude(examined, now, settle, quiet=quiet)
+        if outcome is Outcome.UNCHANGED:
+            self._warn_expiry(now)
         if (
-            examined.changed_while_building
+            outcome is not Outcome.RELOADED
             or examined.context is None
-            or examined.leaf is None
             or examined.snapshot is None
+            or examined.leaf is None
         ):
-            self._record.log.debug("certificate files changed while being loaded; checking again")
-            return Outcome.PENDING
+            return outcome
         if examined.fixed_changes and examined.fixed_changes != self._fixed_warned:
             self._fixed_warned = examined.fixed_changes
             self._record.log.warning(
@@ -440,31 +452,14 @@ class Reloader:
                 ", ".join(examined.fixed_changes),
             )
         level = logging.INFO
-        if self._demand is not None and self._demand.shares_trust:
+        demand = self._demand
+        if demand is not None and demand.shares_trust:
             served = identity_hash(examined.snapshot)
-            if served is not None and served == self._demand.served:
+            if served is not None and served == demand.identity_hash:
                 level = logging.DEBUG  # the shared trust alone changed: its owner says so
-            self._demand.served = served
-        self._swap(examined.context, examined.leaf, examined.fingerprint or "", now, examined.snapshot, level)
-        return Outcome.RELOADED
-
-    def _swap(
-        self,
-        context: ssl.SSLContext,
-        leaf: Leaf,
-        observed_fingerprint: str,
-        now: float,
-        snapshot: Snapshot,
-        level: int = logging.INFO,
-    ) -> None:
-        """Make ``context`` the one new handshakes get (``level``: of the line saying so). Established connections
-        keep theirs."""
-        old = self._leaf
-        self._newest_for_connections(context, snapshot)  # on demand too: built already, off the event loop
-        self._fingerprint = observed_fingerprint
-        self._served = snapshot
-        self._known_bad = None
-        self._leaf = leaf
+            demand.identity_hash = served
+        self._newest_for_connections(examined.context, examined.snapshot)  # on demand too: built, off the loop
+        old, leaf = self.leaf, examined.leaf
         self._warned = (None, None)
         if self._reports_trust:
             warn_uncovered(self._record.log, leaf, self.files, old)
@@ -477,21 +472,18 @@ class Reloader:
         self._record.log.log(
             level, "reloaded TLS certificate from %s: %s; now serving %s", self.files.certfile, change, leaf.describe()
         )
-        self._succeeded(now)
-        self._record.reloaded(now, old, leaf)
-
-    def _succeeded(self, now: float) -> None:
-        self._record.succeeded(now, self._leaf, self.files)
+        self._decision.accept(examined, now)
         self._warn_expiry(now)
+        return Outcome.RELOADED
 
     def _warn_expiry(self, now: float) -> None:
         last_expiry, last_crl = self._warned
         said = self._record.log
         self._warned = (
             warn_expiry(
-                said, self._leaf, self.files, now, self.expiry_warning_days, last_expiry, interval=self.interval
+                said, self.leaf, self.files, now, self.expiry_warning_days, last_expiry, interval=self.interval
             ),
-            warn_revocation(said, self._leaf, self.files, now, last_crl) if self._reports_trust else None,
+            warn_revocation(said, self.leaf, self.files, now, last_crl) if self._reports_trust else None,
         )
 
     @property
@@ -507,7 +499,7 @@ class Reloader:
     def new_content(self) -> Snapshot | None:
         """What the files hold when a check would validate it, else ``None``
         (:func:`~tlsreload_plugins.examine.new_content`). Blocking (reads); changes nothing."""
-        return new_content(self.files, self._fingerprint, self._known_bad)
+        return new_content(self.files, self._decision.fingerprint, self._decision.known_bad)
 
     # -- what new handshakes get -------------------------------------------------------------
 
@@ -590,9 +582,9 @@ class Reloader:
         return origin if isinstance(origin, ssl.SSLContext) else None
 
     @property
-    def _demand(self) -> _OnDemand | None:
+    def _demand(self) -> OnDemand | None:
         origin = self._origin
-        return origin if isinstance(origin, _OnDemand) else None
+        return origin if isinstance(origin, OnDemand) else None
 
     def _hook_in_place(self) -> bool:
         return self._live is None or self._live.sni_callback == self._on_client_hello
@@ -606,7 +598,7 @@ class Reloader:
     @property
     def leaf(self) -> Leaf:
         """The certificate new handshakes get."""
-        return self._leaf
+        return self._decision.leaf
 
     @property
     def subscription(self) -> Subscription | None:
@@ -641,10 +633,12 @@ class Reloader:
             if newest is not None:
                 return newest
             # Never a check here: this runs inside a ClientHello callback, on the server's event loop.
-            served = self._served
+            served = self._decision.served
             context = context_from(served, demand.recipe_for)
             with self._lock:
-                if self._served is served:  # else a reload came meanwhile: this handshake only, the reload's is kept
+                if (
+                    self._decision.served is served
+                ):  # else a reload came meanwhile: this handshake only, the reload's is kept
                     self._serving = (context, context.sni_callback)
             return context
 
@@ -659,7 +653,7 @@ class Reloader:
     def served(self) -> Snapshot:
         """The bytes of the identity new handshakes get, as they were validated (whatever the files hold by now): for a
         server whose TLS takes bytes rather than a context (gRPC's)."""
-        return self._served
+        return self._decision.served
 
     @property
     def built(self) -> bool:
@@ -672,8 +666,8 @@ class Reloader:
             return self._status()
 
     def _status(self) -> Status:
-        return self._record.status(self.files, self.interval, self._leaf)
+        return self._record.status(self.files, self.interval, self.leaf)
 
     def describe(self) -> str:
         """One line for the start-up log: what is watched, how often, what is served."""
-        return f"watching {self.files.describe()} every {self.interval:g}s; serving {self._leaf.describe()}"
+        return f"watching {self.files.describe()} every {self.interval:g}s; serving {self.leaf.describe()}"

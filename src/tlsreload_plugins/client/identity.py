@@ -28,11 +28,12 @@ from types import TracebackType
 from typing import Any
 
 from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
+from tlsreload_plugins.decision import Decision, servable
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.errors import InvalidIdentity, NotServable, ReloadError
 from tlsreload_plugins.examine import Examined, examine_files, load_identity
 from tlsreload_plugins.expiry import ExpiryNotice, warn_expiry
-from tlsreload_plugins.files import Password, Snapshot, TLSFiles, fingerprint, password_digest
+from tlsreload_plugins.files import Password, Snapshot, TLSFiles, password_digest
 from tlsreload_plugins.identity import Leaf, judge_period
 from tlsreload_plugins.memory_files import context_from
 from tlsreload_plugins.metrics import observe, observe_authorizer, wanted
@@ -220,9 +221,8 @@ class ClientIdentity:
         judge_period(leaf, self.files, datetime.fromtimestamp(now, timezone.utc))
         judge_purpose(leaf, self.files)
         self._presented = Presented(0, context, leaf, snapshot)
-        self._fingerprint = fingerprint(snapshot)
-        self._known_bad: Examined | None = None
         self._record = Record(log, "client certificate", "presenting", now)
+        self._decision = Decision(self.files, self._record, snapshot, leaf)
         self._expiry: ExpiryNotice | None = None
         self._warn_expiry(now)
         if wanted(metrics):
@@ -361,7 +361,7 @@ class ClientIdentity:
             now = self._clock()
             examined = offload(lambda: self.examine(now)) if offload is not None else self.examine(now)
             copies: list[tuple[OwnContext, ssl.SSLContext]] = []
-            if _presentable(examined) and examined.snapshot is not None:
+            if servable(examined) and examined.snapshot is not None:
                 # each client's own context of the new content, built before it is presented: they change together
                 with self._lock:
                     owners = list(self._owners)
@@ -396,8 +396,8 @@ class ClientIdentity:
                 self._build,
                 self.password,
                 now,
-                served=self._fingerprint,
-                known_bad=self._known_bad,
+                served=self._decision.fingerprint,
+                known_bad=self._decision.known_bad,
                 live=None,
                 in_use=lambda context: context is self._presented.context,
             )
@@ -410,29 +410,20 @@ class ClientIdentity:
     def _conclude(
         self, examined: Examined, now: float, settle: bool, copies: list[tuple[OwnContext, ssl.SSLContext]]
     ) -> Outcome:
-        """The deciding half of :meth:`check` (state lock held, no I/O): present the new context (each client's own
-        ``copies`` first, so that one who sees the identity's new generation finds its own context of it), or
-        report."""
-        self._record.checks += 1
-        if examined.error is not None:
-            if examined.fingerprint is not None:
-                self._known_bad = examined
-            level = logging.ERROR if isinstance(examined.error, NotServable) else logging.WARNING
-            key = f"{examined.fingerprint}:{examined.error}"
-            return self._record.failed(key, examined.error, settle, level, self._presented.leaf)
-        if examined.unchanged:
-            self._succeeded(now)
-            return Outcome.UNCHANGED
-        if not _presentable(examined) or examined.context is None or examined.leaf is None or examined.snapshot is None:
-            log.debug("client certificate files changed while being loaded; checking again")
-            return Outcome.PENDING
+        """The deciding half of :meth:`check` (state lock held, no I/O): the identity's
+        :class:`~tlsreload_plugins.decision.Decision` on ``examined``, acted on: the new context presented (each
+        client's own ``copies`` first, so that one who sees the identity's new generation finds its own context of
+        it)."""
+        outcome = self._decision.conclude(examined, now, settle)
+        if outcome is Outcome.UNCHANGED:
+            self._warn_expiry(now)
+        if outcome is not Outcome.RELOADED or examined.context is None or examined.leaf is None:
+            return outcome
         old = self._presented
-        new = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot)
+        new = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot or old.snapshot)
         for own, context in copies:
             own.presented = Presented(new.generation, context, new.leaf, new.snapshot)
         self._presented = new
-        self._fingerprint = examined.fingerprint or ""
-        self._known_bad = None
         log.info(
             "reloaded client certificate from %s: serial %s -> %s; new connections present %s",
             self.files.certfile,
@@ -440,14 +431,10 @@ class ClientIdentity:
             examined.leaf.serial,
             examined.leaf.describe(),
         )
-        self._succeeded(now)
         self._record.notify(self._subscribers, self._presented)
-        self._record.reloaded(now, old.leaf, examined.leaf)
-        return Outcome.RELOADED
-
-    def _succeeded(self, now: float) -> None:
-        self._record.succeeded(now, self._presented.leaf, self.files)
+        self._decision.accept(examined, now)
         self._warn_expiry(now)
+        return Outcome.RELOADED
 
     def _warn_expiry(self, now: float) -> None:
         self._expiry = warn_expiry(
@@ -490,19 +477,6 @@ class ClientIdentity:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _presentable(examined: Examined) -> bool:
-    """Whether ``examined`` is new, valid content a check presents (what makes :meth:`ClientIdentity.check`
-    return ``RELOADED``)."""
-    return (
-        examined.error is None
-        and not examined.unchanged
-        and not examined.changed_while_building
-        and examined.context is not None
-        and examined.leaf is not None
-        and examined.snapshot is not None
-    )
 
 
 def refuse_wrong_purpose(examined: Examined, files: TLSFiles, password: Password) -> Examined:

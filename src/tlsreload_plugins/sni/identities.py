@@ -44,7 +44,7 @@ from tlsreload_plugins.examine import Examined
 from tlsreload_plugins.files import Password, Snapshot, Stamp, TLSFiles
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.outcome import Outcome, Status
-from tlsreload_plugins.reloader import Offload, Reloader
+from tlsreload_plugins.reloader import Offload, OnDemand, Reloader
 from tlsreload_plugins.settings import resolve_interval
 from tlsreload_plugins.sni.ahead import read_ahead
 from tlsreload_plugins.sni.contexts import ContextCache
@@ -378,10 +378,12 @@ class SNIIdentities:
                 password=self.password,
                 interval=self.interval,
                 expiry_warning_days=self.expiry_warning_days,
-                on_demand=self.recipe_for,
-                read=self._read_ahead.pop(name, None),
-                stamp=self._stamps_ahead.pop(name, None),
-                shares_trust=True,  # the default identity's bundle and CRL: it reports them, once
+                on_demand=OnDemand(
+                    self.recipe_for,
+                    read=self._read_ahead.pop(name, None),
+                    stamp=self._stamps_ahead.pop(name, None),
+                    shares_trust=True,  # the default identity's bundle and CRL: it reports them, once
+                ),
             )
         except (InvalidIdentity, TypeError) as e:
             reason = str(e)

@@ -551,6 +551,17 @@ def sigterm_raises() -> None:
 
 
 @contextlib.contextmanager
+def hogs(count: int) -> Iterator[None]:
+    """``count`` busy-loop processes beside what runs inside: a machine with scarce CPUs, as under other load."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            stop_process_group(proc)
+
+
+@contextlib.contextmanager
 def work_dir(prefix: str) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=f"tlsbench-{prefix}-"))
     try:

@@ -240,16 +240,6 @@ def await_exit(side: Side, timeout: float) -> None:
         kill_group(side.proc)
 
 
-@contextlib.contextmanager
-def hogs(count: int) -> Iterator[None]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for proc in procs:
-            kill_group(proc)
-
-
 def run_trial(args: argparse.Namespace, number: int, sig: str, moment: str, pair: Files, work: Path) -> Trial:
     """Both sides started, signalled at ``moment``, waited for; every process of the trial is gone on return."""
     trial = Trial(number, sig, moment)
@@ -374,6 +364,10 @@ def report(trials: Sequence[Trial], args: argparse.Namespace, keep: Path) -> str
 
 
 def run(args: argparse.Namespace) -> int:
+    # Here, not at the top: this module is also each server's ``serve`` entry point, which must load neither
+    # cryptography nor the package (the stock side is stock).
+    import benchkit as kit
+
     keep = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="stop-under-load-"))
     keep.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stop-under-load-work-"))
@@ -381,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
     trials: list[Trial] = []
     try:
         pair = Files(work)
-        with hogs(args.hogs):
+        with kit.hogs(args.hogs):
             number = 0
             for round_ in range(args.trials):
                 for sig in args.signals.split(","):

@@ -38,7 +38,7 @@ __all__ = [
     "trust_domain_of",
 ]
 
-log = logging.getLogger("tlsreload_plugins.authorization")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.authorization")
 
 AUTHORIZE_ENV = "TLSRELOAD_SPIFFE_AUTHORIZE"
 """Who may be on the other end when no setting says it (the syntax of :func:`parse_authorizer`)."""
@@ -123,7 +123,7 @@ class Authorizer:
     def __init__(self, allows: Callable[[str], bool], description: str) -> None:
         self._allows = allows
         self.description = description
-        self.refused = 0
+        self.refused: int = 0
         self._said: set[str] = set()
         self._lock = threading.Lock()  # the count and the IDs said: a few assignments, never across I/O
         self._on_refused: list[Callable[[], object]] = []

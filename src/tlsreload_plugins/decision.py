@@ -59,11 +59,11 @@ class Decision:
     __slots__ = ("files", "fingerprint", "known_bad", "leaf", "record", "served")
 
     def __init__(self, files: TLSFiles, record: Record, served: Snapshot, leaf: Leaf) -> None:
-        self.files = files
-        self.record = record
-        self.served = served
-        self.fingerprint = fingerprint(served)
-        self.leaf = leaf
+        self.files: TLSFiles = files
+        self.record: Record = record
+        self.served: Snapshot = served
+        self.fingerprint: str = fingerprint(served)
+        self.leaf: Leaf = leaf
         self.known_bad: Examined | None = None
 
     def conclude(self, examined: Examined, now: float, settle: bool, *, quiet: bool = False) -> Outcome:

@@ -24,7 +24,7 @@ from tlsreload_plugins.reloader import Offload, Reloader
 if TYPE_CHECKING:  # imported where a loop runs: a sync or gevent worker has no use for asyncio
     import asyncio
 
-log = logging.getLogger("tlsreload_plugins.drivers")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.drivers")
 
 
 class Checked(Protocol):

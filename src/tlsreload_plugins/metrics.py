@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from tlsreload_plugins.sni.summary import Summary
     from tlsreload_plugins.sources.stream_status import StreamFigures
 
-log = logging.getLogger("tlsreload_plugins.metrics")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.metrics")
 
 LABELS = ("certfile", "identity")
 DEFAULT_IDENTITY = "default"

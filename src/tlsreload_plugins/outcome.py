@@ -159,13 +159,18 @@ class Record:
     )
 
     def __init__(self, log: logging.Logger, noun: str, verb: str, now: float) -> None:
-        self.log, self.noun, self.verb = log, noun, verb
-        self.checks = self.reloads = self.failures = self.refused_resumptions = 0
-        self.last_success = now
+        self.log: logging.Logger = log
+        self.noun: str = noun
+        self.verb: str = verb
+        self.checks: int = 0
+        self.reloads: int = 0
+        self.failures: int = 0
+        self.refused_resumptions: int = 0
+        self.last_success: float = now
         self.last_reload: float | None = None
         self.last_error: str | None = None
-        self.settling = Settling()
-        self.reported_level = logging.WARNING  # the level the failure reported last was logged at
+        self.settling: Settling = Settling()
+        self.reported_level: int = logging.WARNING  # the level the failure reported last was logged at
         self.on_reload: list[Callable[[Leaf, Leaf], object]] = []
         self.on_failure: list[Callable[[ReloadError], object]] = []
         self.on_check: list[Callable[[Outcome, Status], object]] = []

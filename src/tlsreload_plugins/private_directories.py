@@ -21,7 +21,7 @@ import tempfile
 
 __all__ = ["MEMORY_FILESYSTEMS", "memory_directory", "owner", "owner_alive", "private_directory", "sweep"]
 
-log = logging.getLogger("tlsreload_plugins")
+log: logging.Logger = logging.getLogger("tlsreload_plugins")
 
 PREFIX = "tlsreload-"
 _OWNED = re.compile(r"^tlsreload-[a-z]+-(\d+)\.(\d+)\.(\d+)-")

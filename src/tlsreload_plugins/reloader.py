@@ -75,7 +75,7 @@ __all__ = [
     "load_identity",
 ]
 
-log = logging.getLogger("tlsreload_plugins.reloader")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.reloader")
 
 SNICallback = Callable[[ssl.SSLObject, str, ssl.SSLContext], "int | None"]
 Route = Callable[["str | None"], "ssl.SSLContext | None"]
@@ -171,11 +171,11 @@ class OnDemand:
         stamp: Stamp | None = None,
         shares_trust: bool = False,
     ) -> None:
-        self.recipe_for = recipe_for
-        self.read = read
-        self.stamp = stamp
-        self.shares_trust = shares_trust
-        self.lock = threading.Lock()
+        self.recipe_for: RecipeFor = recipe_for
+        self.read: Snapshot | None = read
+        self.stamp: Stamp | None = stamp
+        self.shares_trust: bool = shares_trust
+        self.lock: threading.Lock = threading.Lock()
         self.identity_hash: int | None = None
 
 
@@ -247,11 +247,11 @@ class Reloader:
         crl = resolve_crl(crl)
         if crl and not ca_certs:
             raise ValueError(f"a CRL ({crl}) needs the client-CA bundle it revokes certificates of: ca_certs")
-        self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None, crl or None)
-        self.recipe = recipe
-        self.password = resolve_password(password)
-        self.interval = resolve_interval(interval)
-        self.expiry_warning_days = resolve_expiry_warning_days(expiry_warning_days)
+        self.files: TLSFiles = TLSFiles(str(certfile), str(keyfile) if keyfile else None, ca_certs or None, crl or None)
+        self.recipe: Recipe = recipe
+        self.password: Password = resolve_password(password)
+        self.interval: float = resolve_interval(interval)
+        self.expiry_warning_days: float | None = resolve_expiry_warning_days(expiry_warning_days)
         self._clock = clock
         # What the checks found, and the callbacks: calls decided under _lock, made after it is released (a
         # callback may read status(), as metrics do, without deadlocking the check).

@@ -45,7 +45,7 @@ __all__ = [
 
 P = ParamSpec("P")
 
-log = logging.getLogger("tlsreload_plugins.resumption")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.resumption")
 
 
 class Straddled(ssl.SSLError):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ReloadingConnector"]
 
-log = logging.getLogger("tlsreload_plugins.client")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.client")
 
 _SSL_OPTIONS = ("ssl", "ssl_context", "verify_ssl", "fingerprint")
 _BASE_OPTIONS = ("keepalive_timeout", "force_close", "limit", "limit_per_host", "timeout_ceil_threshold")

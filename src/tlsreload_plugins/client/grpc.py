@@ -25,11 +25,11 @@ from typing import Any
 try:
     import grpc  # type: ignore[import-untyped, import-not-found, unused-ignore]
     import grpc.aio  # type: ignore[import-untyped, import-not-found, unused-ignore]
-except ImportError as e:  # the [grpc] extra: one clear line instead of a bare ModuleNotFoundError
+except ImportError as _missing:  # the [grpc] extra: one clear line instead of a bare ModuleNotFoundError
     raise ImportError(
-        f"tlsreload_plugins.client.grpc needs grpcio, which is not installed ({e}): "
+        f"tlsreload_plugins.client.grpc needs grpcio, which is not installed ({_missing}): "
         "pip install 'tlsreload-plugins[grpc]'"
-    ) from e
+    ) from _missing
 
 from tlsreload_plugins.client.identity import ClientIdentity
 from tlsreload_plugins.client.pools import Closed, Pools

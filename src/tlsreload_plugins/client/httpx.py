@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 from urllib.request import getproxies
 
@@ -70,8 +71,8 @@ class ReloadingTransport(SyncReloading, httpx.BaseTransport):
             client.get("https://service.internal/")
     """
 
-    library = httpx
-    released = _Released
+    library: ModuleType = httpx
+    released: type[ReleasedStream] = _Released
 
 
 class AsyncReloadingTransport(AsyncReloading, httpx.AsyncBaseTransport):
@@ -86,8 +87,8 @@ class AsyncReloadingTransport(AsyncReloading, httpx.AsyncBaseTransport):
             await client.get("https://service.internal/")
     """
 
-    library = httpx
-    released = _AsyncReleased
+    library: ModuleType = httpx
+    released: type[AsyncReleasedStream] = _AsyncReleased
 
 
 # -- clients made as httpx makes its own ---------------------------------------------------------------------------

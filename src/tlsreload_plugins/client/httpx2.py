@@ -13,6 +13,7 @@ promises, this one does with httpx2 (a stream open across a change reads to its 
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import httpx2
@@ -47,8 +48,8 @@ class ReloadingTransport(httpx_transports.SyncReloading, httpx2.BaseTransport):
             client.get("https://service.internal/")
     """
 
-    library = httpx2
-    released = _Released
+    library: ModuleType = httpx2
+    released: type[httpx_transports.ReleasedStream] = _Released
 
 
 class AsyncReloadingTransport(httpx_transports.AsyncReloading, httpx2.AsyncBaseTransport):
@@ -61,8 +62,8 @@ class AsyncReloadingTransport(httpx_transports.AsyncReloading, httpx2.AsyncBaseT
             await client.get("https://service.internal/")
     """
 
-    library = httpx2
-    released = _AsyncReleased
+    library: ModuleType = httpx2
+    released: type[httpx_transports.AsyncReleasedStream] = _AsyncReleased
 
 
 def environment_proxies() -> dict[str, str | None]:

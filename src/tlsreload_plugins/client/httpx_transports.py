@@ -127,7 +127,7 @@ class Body:
         self._stream: Any = response.extensions.get("network_stream")  # its socket is asked for at a cut only
         self._done: Callable[[], Any] | None = done
         self._reason = reason
-        self.was_cut = False
+        self.was_cut: bool = False
 
     def cut(self) -> None:
         self.was_cut = True

@@ -52,7 +52,7 @@ __all__ = [
     "judge_purpose",
 ]
 
-log = logging.getLogger("tlsreload_plugins.client")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.client")
 
 CLIENT_AUTH = "1.3.6.1.5.5.7.3.2"
 """The extended key usage a client certificate needs when it has one (``id-kp-clientAuth``)."""
@@ -135,7 +135,7 @@ class OwnContext:
     __slots__ = ("__weakref__", "presented")
 
     def __init__(self, presented: Presented) -> None:
-        self.presented = presented
+        self.presented: Presented = presented
 
     @property
     def context(self) -> ssl.SSLContext:
@@ -203,12 +203,14 @@ class ClientIdentity:
         authorize: Authorizer | Callable[[str], bool] | str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.files = TLSFiles(str(certfile), str(keyfile) if keyfile else None, str(cafile) if cafile else None)
-        self.password = resolve_password(password)
-        self.interval = resolve_interval(interval)
-        self.expiry_warning_days = resolve_expiry_warning_days(expiry_warning_days)
+        self.files: TLSFiles = TLSFiles(
+            str(certfile), str(keyfile) if keyfile else None, str(cafile) if cafile else None
+        )
+        self.password: Password = resolve_password(password)
+        self.interval: float = resolve_interval(interval)
+        self.expiry_warning_days: float | None = resolve_expiry_warning_days(expiry_warning_days)
         # Not from $TLSRELOAD_SPIFFE_AUTHORIZE: that names a server's clients, not the servers its own clients reach.
-        self.authorizer = resolve_authorizer(authorize) if authorize is not None else None
+        self.authorizer: Authorizer | None = resolve_authorizer(authorize) if authorize is not None else None
         self._recipe = authorized(recipe, self.authorizer, server_side=False)
         self._clock = clock
         self._lock = threading.Lock()  # the state below, for a few assignments: never across I/O

@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - depends on what is installed
 
 __all__ = ["ReloadingAdapter"]
 
-log = logging.getLogger("tlsreload_plugins.client")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.client")
 
 _URLLIB3_1 = str(getattr(urllib3, "__version__", "")).startswith("1.")
 

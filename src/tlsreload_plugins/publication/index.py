@@ -43,7 +43,7 @@ class IndexWriter:
     """
 
     def __init__(self, directory: str) -> None:
-        self.path = os.path.join(directory, INDEX_NAME)
+        self.path: str = os.path.join(directory, INDEX_NAME)
         self._connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._connection.execute("PRAGMA journal_mode=WAL")
         self._connection.executescript(SCHEMA)
@@ -99,7 +99,7 @@ class IndexReader:
     """
 
     def __init__(self, directory: str) -> None:
-        self.path = os.path.join(directory, INDEX_NAME)
+        self.path: str = os.path.join(directory, INDEX_NAME)
         self._local = threading.local()
 
     def _connection(self) -> sqlite3.Connection | None:

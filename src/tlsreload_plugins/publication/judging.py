@@ -26,7 +26,7 @@ from tlsreload_plugins.sni.identities import SNIIdentities
 
 __all__ = ["Judging", "plain_context"]
 
-log = logging.getLogger("tlsreload_plugins.reader")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.reader")
 
 QUIET = logging.getLogger("tlsreload_plugins.reader.default")
 """The reader's lines about the default identity: each serving process says every reload and failure of it (and
@@ -82,7 +82,7 @@ class Judging:
         self._clock = clock
         self._error: ReloadError | None = None
         password = resolve_password(password)  # $TLSRELOAD_KEY_PASSWORD_FILE's, read at each build
-        self.reloader = retry_at_start(
+        self.reloader: Reloader = retry_at_start(
             lambda: Reloader(
                 files.certfile,
                 files.keyfile,
@@ -96,10 +96,10 @@ class Judging:
                 logger=QUIET,
             )
         )
-        self.interval = self.reloader.interval
+        self.interval: float = self.reloader.interval
         self._next = clock() + self.interval
         self._said: ReaderFigures | None = None
-        self.version = self._publish()
+        self.version: str = self._publish()
         self._say()
         self._sni: SNIIdentities | None = None
         self._index: IndexWriter | None = None

@@ -41,7 +41,7 @@ from tlsreload_plugins.settings import PASSWORD_FILE_ENV
 
 __all__ = ["PARENT_POLL", "ReaderFailed", "ReaderProcess", "main"]
 
-log = logging.getLogger("tlsreload_plugins.reader")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.reader")
 
 PARENT_POLL = 0.5
 """Seconds between the child's looks at whether its parent is still there (its checks may be further apart)."""
@@ -87,7 +87,7 @@ class ReaderProcess:
     def __init__(self, files: TLSFiles, *, password: Password, interval: float, sni: Sequence[str] = ()) -> None:
         self.files = files
         self.interval = interval
-        self.sni = list(sni)
+        self.sni: list[str] = list(sni)
         self._password = _password_for_child(password)
         parent, in_memory = memory_directory()
         if not in_memory:
@@ -97,12 +97,12 @@ class ReaderProcess:
                 tempfile.gettempdir(),
             )
         # Owned by this process (named for it, removed at its exit): a reader started again publishes into it.
-        self.directory = private_directory("published", parent)
+        self.directory: str = private_directory("published", parent)
         self._owner = os.getpid()
         self._process: subprocess.Popen[bytes] | None = None
         atexit.register(self.close)
         try:
-            self.version = self._start()
+            self.version: str = self._start()
         except ReaderFailed:
             self.close()
             raise

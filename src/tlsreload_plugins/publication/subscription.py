@@ -33,7 +33,7 @@ from tlsreload_plugins.publication.published import (
 
 __all__ = ["Subscription"]
 
-log = logging.getLogger("tlsreload_plugins.publication")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.publication")
 
 
 class Subscription:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # a type only: aiohttp's users import nothing of gunicorn's w
 
 __all__ = ["CONTEXT_BUILDER", "in_gunicorn_worker", "prepare_gunicorn_worker_class", "reloaders", "reloading"]
 
-log = logging.getLogger("tlsreload_plugins.aiohttp")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.aiohttp")
 
 
 def reloading(

@@ -39,10 +39,10 @@ from typing import Any
 try:
     from cheroot import server as cheroot_server
     from cheroot.ssl.builtin import BuiltinSSLAdapter
-except ImportError as e:  # one clear line rather than a traceback into this module
+except ImportError as _missing:  # one clear line rather than a traceback into this module
     raise ImportError(
-        f"tlsreload_plugins.cheroot needs cheroot ({e}): pip install 'tlsreload-plugins[cherrypy]'"
-    ) from e
+        f"tlsreload_plugins.cheroot needs cheroot ({_missing}): pip install 'tlsreload-plugins[cherrypy]'"
+    ) from _missing
 
 from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.drivers import ThreadDriver
@@ -54,7 +54,7 @@ from tlsreload_plugins.settings import resolve_password
 
 __all__ = ["SSL_MODULE", "ReloadingSSLAdapter", "reloaders"]
 
-log = logging.getLogger("tlsreload_plugins.cheroot")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.cheroot")
 
 SSL_MODULE = "tlsreload"
 """The name the adapter is registered under in ``cheroot.server.ssl_adapters`` (CherryPy's ``server.ssl_module``)."""
@@ -122,15 +122,17 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
         authorize: Authorizer | Callable[[str], bool] | str | None = None,
     ) -> None:
         # What cheroot's Adapter.__init__ records; BuiltinSSLAdapter.__init__ would build a context we never use.
-        self.certificate, self.private_key = certificate, private_key
-        self.certificate_chain, self.ciphers = certificate_chain, ciphers
+        self.certificate: str = certificate
+        self.private_key: str | None = private_key
+        self.certificate_chain: str | None = certificate_chain
+        self.ciphers: str | None = ciphers
         self.private_key_password = private_key_password
         self._server_env: dict[str, Any] = {}  # per connection instead: see get_environ()
         _route_logs()
         self._password = resolve_password(private_key_password)
         files = TLSFiles(str(certificate), str(private_key) if private_key else None, certificate_chain or None)
         try:
-            self.reloader = start_reloader(
+            self.reloader: Reloader = start_reloader(
                 files,
                 lambda: self._cheroot_context(files),
                 self._cheroot_context,

@@ -25,10 +25,11 @@ from collections.abc import Sequence
 
 try:
     import grpc  # type: ignore[import-untyped, import-not-found, unused-ignore]
-except ImportError as e:  # the [grpc] extra: one clear line instead of a bare ModuleNotFoundError
+except ImportError as _missing:  # the [grpc] extra: one clear line instead of a bare ModuleNotFoundError
     raise ImportError(
-        f"tlsreload_plugins.grpc needs grpcio, which is not installed ({e}): pip install 'tlsreload-plugins[grpc]'"
-    ) from e
+        f"tlsreload_plugins.grpc needs grpcio, which is not installed ({_missing}): "
+        "pip install 'tlsreload-plugins[grpc]'"
+    ) from _missing
 
 from tlsreload_plugins.authorization import AUTHORIZE_ENV, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
@@ -43,7 +44,7 @@ from tlsreload_plugins.sni import identities as sni
 
 __all__ = ["ReloadingCredentials", "reloaders", "server_credentials"]
 
-log = logging.getLogger("tlsreload_plugins.grpc")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.grpc")
 
 STOP_TIMEOUT = 10.0
 """Seconds :meth:`ReloadingCredentials.close` waits for a check in progress to end (a check takes milliseconds)."""
@@ -81,7 +82,8 @@ class ReloadingCredentials(grpc.ServerCredentials):  # type: ignore[misc, unused
         self._refused: list[tuple[str, Parts]] | None = None
         self._newest = _configuration(self._served, reloader.password)
         self._handed = self._newest  # gRPC takes the initial configuration itself
-        self.configurations, self.handed = 1, 0
+        self.configurations: int = 1  # configurations built (the first one included)
+        self.handed: int = 0  # configurations handed to gRPC
         made = grpc.dynamic_ssl_server_credentials(
             self._newest, self.fetch_configuration, require_client_authentication=require_client_auth
         )

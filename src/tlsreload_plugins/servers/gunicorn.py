@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # imported where SPIFFE is configured, not by every worker
 
 __all__ = ["add_reload", "reloaders", "worker_reloader"]
 
-log = logging.getLogger("tlsreload_plugins.gunicorn")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.gunicorn")
 
 STARTUP_FAILURE = 1
 """The arbiter's exit status when the TLS files or settings are unusable at start (gunicorn's configuration error)."""

@@ -41,7 +41,7 @@ from tlsreload_plugins.settings import resolve_interval
 
 __all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
 
-log = logging.getLogger("tlsreload_plugins.hypercorn")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.hypercorn")
 
 _readers: list[ReaderProcess] = []
 """The readers this process started (the parent of hypercorn's workers): each closes at its exit."""

@@ -23,8 +23,10 @@ try:
     from sanic import Sanic
     from sanic.http.tls.context import CertSelector, CertSimple
     from sanic.worker.loader import CertLoader
-except ImportError as e:  # one clear line rather than a traceback into this module
-    raise ImportError(f"tlsreload_plugins.sanic needs sanic ({e}): pip install 'tlsreload-plugins[sanic]'") from e
+except ImportError as _missing:  # one clear line rather than a traceback into this module
+    raise ImportError(
+        f"tlsreload_plugins.sanic needs sanic ({_missing}): pip install 'tlsreload-plugins[sanic]'"
+    ) from _missing
 
 from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.drivers import ThreadDriver
@@ -43,7 +45,7 @@ from tlsreload_plugins.sni.discovery import resolve_directories
 
 __all__ = ["PUBLICATIONS", "STARTUP_FAILURE", "ReloadingCertLoader", "reload_certificates", "reloaders"]
 
-log = logging.getLogger("tlsreload_plugins.sanic")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sanic")
 
 STARTUP_FAILURE = 1
 """Exit status when the certificates or settings cannot serve at start-up (Sanic's own on a failed start)."""

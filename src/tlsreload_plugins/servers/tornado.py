@@ -39,7 +39,7 @@ from tlsreload_plugins.settings import resolve_password
 
 __all__ = ["SSL_OPTIONS", "ReloadingTLS", "reloaders", "reloading_tls"]
 
-log = logging.getLogger("tlsreload_plugins.tornado")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.tornado")
 
 SSL_OPTIONS = ("ssl_version", "certfile", "keyfile", "cert_reqs", "ca_certs", "ciphers")
 """The keys of Tornado's ``ssl_options`` dictionary (``tornado.netutil.ssl_options_to_context``)."""

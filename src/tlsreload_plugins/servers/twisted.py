@@ -35,10 +35,10 @@ try:
     from twisted.internet.ssl import Certificate, trustRootFromCertificates
     from twisted.logger import Logger, LogLevel
     from zope.interface import implementer  # type: ignore[import-untyped, unused-ignore]
-except ImportError as e:  # the [twisted] extra: one clear line instead of a bare ModuleNotFoundError
+except ImportError as _missing:  # the [twisted] extra: one clear line instead of a bare ModuleNotFoundError
     raise ImportError(
-        f"tlsreload's tlsreload: endpoint needs Twisted with TLS ({e}): pip install 'tlsreload-plugins[twisted]'"
-    ) from e
+        f"tlsreload's tlsreload: endpoint needs Twisted with TLS ({_missing}): pip install 'tlsreload-plugins[twisted]'"
+    ) from _missing
 
 from tlsreload_plugins.authorization import AUTHORIZE_ENV, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
@@ -53,7 +53,7 @@ from tlsreload_plugins.sni.discovery import resolve_directories
 
 __all__ = ["EXTRA_KEYWORDS", "NewestContext", "reloaders", "reloading_endpoint"]
 
-log = logging.getLogger("tlsreload_plugins.twisted")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.twisted")
 
 EXTRA_KEYWORDS = ("interval", "sni", "keyPasswordFile", "caFile", "crlFile")
 """tlsreload's own keywords: seconds between checks, SNI directories (``os.pathsep``-separated, colons escaped

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so tha
 __all__ = ["LIFESPAN_GRACE", "STARTUP_FAILURE", "TLSReloadLifespan", "main", "reloaders"]
 __all__ += ["reloading_certificates", "reloading_ssl_context"]
 
-log = logging.getLogger("tlsreload_plugins.uvicorn")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.uvicorn")
 
 STARTUP_FAILURE = 3
 """Exit status when the files or settings are not usable at start-up: uvicorn's (``uvicorn.main.STARTUP_FAILURE``)."""
@@ -49,7 +49,8 @@ STARTUP_FAILURE = 3
 LIFESPAN_GRACE = 30.0
 """Seconds after start-up after which a reloader no lifespan checks is checked anyway, with a warning."""
 
-route_logs = lifespan.route_logs = functools.partial(logs.forward_to, logging.getLogger("uvicorn.error"))
+route_logs: Callable[[], None] = functools.partial(logs.forward_to, logging.getLogger("uvicorn.error"))
+lifespan.route_logs = route_logs
 
 
 def reloading_ssl_context(

@@ -30,7 +30,7 @@ from tlsreload_plugins.memory_files import RecipeFor
 
 __all__ = ["reloaders", "reloading_ssl"]
 
-log = logging.getLogger("tlsreload_plugins.websockets")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.websockets")
 
 
 @contextlib.asynccontextmanager

@@ -108,7 +108,7 @@ class Aside(threading.local):
             context = server_builds_its_context()  # calls our hook, which sees `building` set
     """
 
-    active = False
+    active: bool = False
 
     def __enter__(self) -> None:
         self.active = True

@@ -36,7 +36,7 @@ __all__ = [
     "unregister",
 ]
 
-log = logging.getLogger("tlsreload_plugins.lifespan")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.lifespan")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

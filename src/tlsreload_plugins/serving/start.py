@@ -69,7 +69,7 @@ __all__ = [
     "wait_until_usable",
 ]
 
-log = logging.getLogger("tlsreload_plugins.serving")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.serving")
 
 T = TypeVar("T")
 

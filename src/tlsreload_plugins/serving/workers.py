@@ -46,7 +46,7 @@ __all__ = [
     "waiting_in_spawned_worker",
 ]
 
-log = logging.getLogger("tlsreload_plugins.workers")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.workers")
 
 
 # -- forked workers ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from tlsreload_plugins.errors import InvalidIdentity
 from tlsreload_plugins.reloader import Reloader
 
-log = logging.getLogger("tlsreload_plugins.sni")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sni")
 
 CONTEXTS = 1000
 """Contexts kept at most: those of the identities handshakes named most recently."""

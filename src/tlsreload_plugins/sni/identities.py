@@ -56,7 +56,7 @@ from tlsreload_plugins.validation import apart as validate_apart
 
 __all__ = ["SNIIdentities", "attach_from_settings", "for_reloader"]
 
-log = logging.getLogger("tlsreload_plugins.sni")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sni")
 
 _attached: weakref.WeakKeyDictionary[Reloader, SNIIdentities] = weakref.WeakKeyDictionary()
 
@@ -91,7 +91,7 @@ class SNIIdentities:
         expiry_warning_days: float | None = None,
         export_metrics: bool = False,
     ) -> None:
-        self.directories = resolve_directories(directories)
+        self.directories: list[str] = resolve_directories(directories)
         self.recipe_for = recipe_for
         self.ca_certs = ca_certs
         self.crl = crl

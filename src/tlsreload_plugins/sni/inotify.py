@@ -21,7 +21,7 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
-log = logging.getLogger("tlsreload_plugins.inotify")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.inotify")
 
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004

@@ -31,7 +31,7 @@ from tlsreload_plugins.sni.contexts import CONTEXTS
 
 __all__ = ["PublishedRoutes"]
 
-log = logging.getLogger("tlsreload_plugins.sni")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sni")
 
 
 class PublishedRoutes:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from tlsreload_plugins.reloader import Reloader
 
 # The SNI identities' logger: a conflict between two identities is theirs to report.
-log = logging.getLogger("tlsreload_plugins.sni")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sni")
 
 
 def host_names(sans: Iterable[str]) -> list[str]:

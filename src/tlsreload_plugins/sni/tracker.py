@@ -34,7 +34,7 @@ from tlsreload_plugins.sni.discovery import (
 )
 from tlsreload_plugins.sni.inotify import DirectoryEvents, WatchesExhausted, open_events
 
-log = logging.getLogger("tlsreload_plugins.sni")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sni")
 
 SWEEP_PERIOD = 60.0
 """Seconds within which every identity is swept whatever the kernel reported (or the check interval, when longer):

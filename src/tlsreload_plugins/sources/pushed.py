@@ -25,7 +25,7 @@ from tlsreload_plugins.private_directories import memory_directory, private_dire
 
 __all__ = ["CA_NAME", "CERT_NAME", "KEY_NAME", "PushedIdentity", "memory_directory"]
 
-log = logging.getLogger("tlsreload_plugins.sources")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sources")
 
 CERT_NAME = "tls.crt"
 """The certificate file's name in a :class:`PushedIdentity`'s directory (its chain after it)."""
@@ -69,7 +69,7 @@ class PushedIdentity:
                     tempfile.gettempdir(),
                 )
         # Mode 0700, named for this process: what a process killed with SIGKILL leaves is removed by the next.
-        self.directory = private_directory(kind, parent)
+        self.directory: str = private_directory(kind, parent)
         self._owner = os.getpid()
         self._numbers = itertools.count(1)
         # Held by pushers only, never by a reloader or a serving thread: it orders pushes (the last one called

@@ -36,7 +36,7 @@ from tlsreload_plugins.sources.spiffe import FIRST_SVID_TIMEOUT, NoSVID, SpiffeS
 
 __all__ = ["PARENT_POLL", "SourceProcess", "SourceProcessFailed", "main"]
 
-log = logging.getLogger("tlsreload_plugins.sources.source_process")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sources.source_process")
 
 PARENT_POLL = 0.5
 """Seconds between the child's looks at whether its parent is still there."""
@@ -92,14 +92,14 @@ class SourceProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
         )
-        self.pid = self._process.pid
+        self.pid: int = self._process.pid
         deadline = time.monotonic() + (FIRST_SVID_TIMEOUT if timeout is None else timeout) + START_MARGIN
         said = answer(self._process.stdout, deadline)
         if said is None or "certfile" not in said:
             self.close()
             reason = said.get("error") if said else None
             raise SourceProcessFailed(str(reason or f"the source process {self.pid} said nothing in time"))
-        self.files = TLSFiles(str(said["certfile"]), said.get("keyfile"), said.get("ca_certs"))
+        self.files: TLSFiles = TLSFiles(str(said["certfile"]), said.get("keyfile"), said.get("ca_certs"))
 
     def alive(self) -> bool:
         """Whether the child still runs (a server that reaps every child, as gunicorn's arbiter does, makes it

@@ -18,7 +18,7 @@ from tlsreload_plugins.sources.stream_status import StreamFigures, figures_path,
 
 __all__ = ["SourceWatch", "figures_now", "watching"]
 
-log = logging.getLogger("tlsreload_plugins.sources.source_watch")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sources.source_watch")
 
 
 class SourceWatch:

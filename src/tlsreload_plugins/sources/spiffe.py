@@ -36,6 +36,7 @@ from tlsreload_plugins.sources.workload_api import (
     ENDPOINT_ENV,
     FETCH_X509_SVID,
     METADATA,
+    Federation,
     MalformedResponse,
     PemIdentity,
     channel_target,
@@ -55,7 +56,7 @@ __all__ = [
     "resolve_endpoint",
 ]
 
-log = logging.getLogger("tlsreload_plugins.sources.spiffe")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.sources.spiffe")
 
 FIRST_SVID_TIMEOUT = 30.0
 """Seconds :class:`SpiffeSource` waits at start for the first SVID (an agent attests a new workload in seconds)."""
@@ -160,9 +161,9 @@ class SpiffeSource:
         timeout: float | None = None,
         parent: str | None = None,
     ) -> None:
-        self.endpoint = resolve_endpoint(socket)
+        self.endpoint: str = resolve_endpoint(socket)
         self.spiffe_id = spiffe_id
-        self.federation = federation_of(federation)
+        self.federation: Federation = federation_of(federation)
         try:
             import grpc
         except ImportError as e:
@@ -170,7 +171,7 @@ class SpiffeSource:
                 f"reading SVIDs from the Workload API needs grpcio ({e}): pip install 'tlsreload-plugins[spiffe]'"
             ) from e
         self._grpc = grpc
-        self.pushed = PushedIdentity(parent, kind=SPIFFE_KIND)
+        self.pushed: PushedIdentity = PushedIdentity(parent, kind=SPIFFE_KIND)
         self._stop = threading.Event()
         self._first = threading.Event()
         self._lock = threading.Lock()  # the state below, for a few assignments: never across I/O

@@ -49,7 +49,7 @@ from tlsreload_plugins.validation.process import original
 
 __all__ = ["PER_CHILD", "VALIDATE_ENV", "Unjudged", "apart", "prejudged", "validate", "validate_many"]
 
-log = logging.getLogger("tlsreload_plugins.validate_apart")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.validate_apart")
 
 VALIDATE_ENV = "TLSRELOAD_VALIDATE"
 """``process``: always validate in a child; ``inline``: always in this process; unset: in a child unless this

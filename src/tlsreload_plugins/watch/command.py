@@ -73,7 +73,7 @@ from tlsreload_plugins.watch.options import (
 
 __all__ = ["add_parser", "run"]
 
-log = logging.getLogger("tlsreload_plugins.watch")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.watch")
 
 EXIT_UNUSABLE = 1
 EXIT_USAGE = 2
@@ -124,7 +124,7 @@ class Watch:
         self.options = options
         self.copies: Copies | None = None
         self.child: subprocess.Popen[bytes] | None = None
-        self.stopping = False
+        self.stopping: bool = False
         self._check_error_logged = False
         self.env: dict[str, str] = {}
         self.notifier: Notifier

@@ -35,6 +35,8 @@ class Copies:
     """
 
     def __init__(self, directory: str | None, files: TLSFiles) -> None:
+        self.path: str
+        self.temporary: bool
         if directory is None:
             try:
                 self.path = private_directory("watch")  # mode 0700; a SIGKILLed watch's is swept by the next
@@ -48,7 +50,7 @@ class Copies:
             self.path = os.path.abspath(directory)
             self.temporary = False
             self._prepare(self.path)
-        self.files = TLSFiles(
+        self.files: TLSFiles = TLSFiles(
             os.path.join(self.path, _COPY_NAMES["cert"]),
             os.path.join(self.path, _COPY_NAMES["key"]) if files.keyfile else None,
             os.path.join(self.path, _COPY_NAMES["ca"]) if files.ca_certs else None,

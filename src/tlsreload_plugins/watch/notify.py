@@ -17,7 +17,7 @@ import subprocess
 from tlsreload_plugins.identity import Leaf
 
 # Part of ``tlsreload watch``: its lines come from the command's logger, the one docs/watch.md names.
-log = logging.getLogger("tlsreload_plugins.watch")
+log: logging.Logger = logging.getLogger("tlsreload_plugins.watch")
 
 EXEC_TIMEOUT = 60.0
 """Seconds an ``--exec`` command may run before it (and its process group) is killed."""
@@ -31,7 +31,7 @@ ENV_SERIAL = "TLSRELOAD_SERIAL"
 class Notifier:
     """How the server is told that new files are in place. ``notify`` never raises."""
 
-    undelivered = False
+    undelivered: bool = False
     """A signal that could not be delivered yet: :meth:`retry` tries again on every check."""
 
     def notify(self, leaf: Leaf) -> None:
@@ -54,6 +54,8 @@ def signal_name(sig: int) -> str:
 
 class SignalProcess(Notifier):
     """``--pid`` / ``--pid-file``: send a signal; the pid file is read again every time."""
+
+    undelivered: bool  # Notifier's, set by each delivery below
 
     def __init__(self, sig: int, pid: int | None = None, pid_file: str | None = None) -> None:
         self.sig = sig

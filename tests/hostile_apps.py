@@ -2,7 +2,7 @@
 the JSON of this worker's reloaders' ``status()`` and ``/metrics`` prometheus_client's in-process registry.
 
 Every response carries the worker's pid in an ``x-worker-pid`` header, so a test knows whose status it read.
-The reloaders are found in whichever adapter this process runs: ``tlsreload_plugins.gunicorn.worker_reloader()``
+The reloaders are found in whichever adapter this process runs: ``tlsreload_plugins.gunicorn.reloaders()``
 (every gunicorn worker class, ``UvicornWorker`` included) and ``tlsreload_plugins.uvicorn.reloaders()``
 (``tlsreload-uvicorn``). Neither adapter is imported here: one that is not loaded has no reloader.
 """

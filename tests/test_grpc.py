@@ -447,4 +447,11 @@ def test_unusable_files_and_bad_settings_are_refused_at_once(tmp_path: Path, ca:
         server_credentials(str(layout.cert_path), str(layout.key_path), interval=0)
     with pytest.raises(ValueError, match="SNI directory"):
         server_credentials(str(layout.cert_path), str(layout.key_path), sni=[str(tmp_path / "missing")])
+    # Taken as every glue takes them, and refused with the reason: gRPC's TLS stack is out of Python's reach.
+    crl = tmp_path / "crl.pem"
+    crl.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"take no certificate revocation list from Python, so crl \("):
+        server_credentials(str(layout.cert_path), str(layout.key_path), ca_certs=str(layout.cert_path), crl=str(crl))
+    with pytest.raises(ValueError, match="in its own TLS stack, out of Python's reach, so authorize cannot refuse"):
+        server_credentials(str(layout.cert_path), str(layout.key_path), authorize="any")
     assert reloaders() == []

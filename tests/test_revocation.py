@@ -217,24 +217,32 @@ def test_grpc_refuses_a_crl_at_start_with_one_line(ca: trustme.CA, tmp_path: Pat
     assert "take no certificate revocation list" in result.stdout + result.stderr
 
 
-def test_gunicorn_takes_tls_crl_from_its_own_configuration(ca: trustme.CA, tmp_path: Path) -> None:
-    """A user's gunicorn configuration module with ``tls_crl = ...`` and ``add_reload(globals())`` (gunicorn's own
-    convention, beside the drop-in's ``$TLSRELOAD_CRL``): the CRL reloads in every worker."""
+@pytest.mark.parametrize("way", ["add_reload", "drop-in"])
+def test_gunicorn_takes_tls_crl_from_its_own_configuration(ca: trustme.CA, tmp_path: Path, way: str) -> None:
+    """A user's gunicorn configuration with ``tls_crl = ...`` and ``tls_reload_interval = ...`` (gunicorn's own
+    convention for tlsreload's settings), read by ``add_reload(globals())`` at its end, or by the drop-in
+    (``-c python:tlsreload_plugins.gunicorn_conf``, which reads ``./gunicorn.conf.py``): the CRL reloads in every
+    worker, which checks at that interval."""
     trust = Trust(tmp_path / "clients", ca)
     layout = RenameEachLayout(tmp_path / "tls")
     place_good(layout.cert_path, layout.key_path, ca)
-    config = tmp_path / "gunicorn_conf.py"
-    config.write_text(
-        f"from tlsreload_plugins.gunicorn import add_reload\ntls_crl = {str(trust.crl)!r}\nadd_reload(globals())\n"
-    )
+    settings = f"tls_crl = {str(trust.crl)!r}\ntls_reload_interval = 0.4\n"
+    if way == "add_reload":
+        config = tmp_path / "gunicorn_conf.py"
+        config.write_text(f"from tlsreload_plugins.gunicorn import add_reload\n{settings}add_reload(globals())\n")
+        given = ("-c", str(config))
+    else:
+        (tmp_path / "gunicorn.conf.py").write_text(settings)
+        given = ("-c", server_kinds.DROP_IN)
     port = free_port()
     command = server_kinds.gunicorn(
-        port, layout.cert_path, layout.key_path, "-c", str(config), "--ca-certs", str(trust.bundle), "--cert-reqs", "2"
+        port, layout.cert_path, layout.key_path, *given, "--ca-certs", str(trust.bundle), "--cert-reqs", "2"
     )
     command[-1] = "hostile_apps:wsgi"
     holder, other = trust.client(trust.holder), trust.client(trust.other)
     with run_server(command, tmp_path / "server.log", port, env=server_env(), cwd=tmp_path) as server:
         in_from_every_worker(server, port, holder, 2, "before the revocation")
+        assert worker_status(port, holder)[1]["interval"] == 0.4
         replace_file(trust.crl, crl_pem(trust.ca, trust.holder))
         refused_by_every_worker(port, holder)
         in_from_every_worker(server, port, other, 2, "another client of the CA, after the revocation")

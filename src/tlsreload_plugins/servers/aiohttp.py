@@ -35,7 +35,7 @@ from tlsreload_plugins.memory_files import RecipeFor
 if TYPE_CHECKING:  # a type only: aiohttp's users import nothing of gunicorn's workers
     from tlsreload_plugins.serving.workers import ReloaderMaker
 
-__all__ = ["CONTEXT_BUILDER", "in_gunicorn_worker", "prepare_gunicorn_worker_class", "reloaders", "reloading"]
+__all__ = ["reloaders", "reloading"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.aiohttp")
 

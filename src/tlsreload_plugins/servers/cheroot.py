@@ -33,7 +33,7 @@ import logging
 import ssl
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 try:
@@ -117,7 +117,7 @@ class ReloadingSSLAdapter(BuiltinSSLAdapter):
         private_key_password: str | bytes | None = None,
         crl: str | None = None,
         interval: float | None = None,
-        sni: Sequence[str] | str | None = None,
+        sni: Iterable[str] | str | None = None,
         metrics: bool | None = None,
         authorize: Authorizer | Callable[[str], bool] | str | None = None,
     ) -> None:

@@ -21,7 +21,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 
 try:
     import grpc  # type: ignore[import-untyped, import-not-found, unused-ignore]
@@ -31,7 +31,7 @@ except ImportError as _missing:  # the [grpc] extra: one clear line instead of a
         "pip install 'tlsreload-plugins[grpc]'"
     ) from _missing
 
-from tlsreload_plugins.authorization import AUTHORIZE_ENV, resolve_authorizer
+from tlsreload_plugins.authorization import AUTHORIZE_ENV, Authorizer, resolve_authorizer
 from tlsreload_plugins.drivers import ThreadDriver
 from tlsreload_plugins.files import Parts, Password, TLSFiles, password_bytes
 from tlsreload_plugins.files import password_file as password_in_file
@@ -149,9 +149,11 @@ def server_credentials(
     ca_certs: str | None = None,
     require_client_auth: bool | None = None,
     password_file: str | None = None,
-    sni: Sequence[str] | str | None = None,
+    sni: Iterable[str] | str | None = None,
     interval: float | None = None,
     metrics: bool | None = None,
+    crl: str | None = None,
+    authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> ReloadingCredentials:
     """Server credentials for ``add_secure_port`` that follow ``certfile`` and ``keyfile`` on disk.
 
@@ -172,6 +174,11 @@ def server_credentials(
             one ``os.pathsep``-separated string; default ``$TLSRELOAD_SNI``).
         interval: seconds between checks, at least 0.1 (default ``$TLSRELOAD_INTERVAL``, else 1).
         metrics: export Prometheus metrics (:mod:`tlsreload_plugins.metrics`; default ``$TLSRELOAD_METRICS``).
+        crl: taken as in every glue, and refused (``ValueError``): gRPC's server credentials take no certificate
+            revocation list from Python. So is ``$TLSRELOAD_CRL``.
+        authorize: taken as in every glue, and refused (``ValueError``): gRPC makes its handshakes in its own TLS
+            stack, where Python cannot refuse a client; check the caller's SPIFFE ID in a server interceptor
+            instead. So is ``$TLSRELOAD_SPIFFE_AUTHORIZE``.
 
     Returns:
         :class:`ReloadingCredentials`: a ``grpc.ServerCredentials`` with ``status()`` and ``close()``; as a
@@ -180,9 +187,9 @@ def server_credentials(
     Raises:
         InvalidIdentity: the files cannot be used now; one sentence names the file and what is wrong.
         ValueError: a setting is not usable (an interval below 0.1, an SNI directory that does not exist,
-            ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``, a ``$TLSRELOAD_CRL``: gRPC's
-            server credentials take no CRL from Python), a ``$TLSRELOAD_SPIFFE_AUTHORIZE`` (its handshakes are made
-            by gRPC's own TLS stack).
+            ``require_client_auth`` without ``ca_certs``, a bad ``$TLSRELOAD_METRICS``, ``crl`` or a
+            ``$TLSRELOAD_CRL``: gRPC's server credentials take no CRL from Python), ``authorize`` or a
+            ``$TLSRELOAD_SPIFFE_AUTHORIZE`` (its handshakes are made by gRPC's own TLS stack).
 
     Example::
 
@@ -192,20 +199,22 @@ def server_credentials(
             server.start()
             server.wait_for_termination()
     """
-    settings = Settings(interval, sni, metrics)
+    settings = Settings(interval, sni, metrics, crl, authorize)
     settings.check()
-    crl = resolve_crl()
-    if crl:
+    crl_file = resolve_crl(crl)
+    if crl_file:
+        where = f"crl ({crl_file})" if crl else f"${CRL_ENV} ({crl_file})"
         raise ValueError(
-            f"gRPC's server credentials take no certificate revocation list from Python, so ${CRL_ENV} ({crl}) "
-            "cannot be served: unset it, or serve mutual TLS with revocation through another server"
+            f"gRPC's server credentials take no certificate revocation list from Python, so {where} "
+            "cannot be served: leave it out, or serve mutual TLS with revocation through another server"
         )
     if require_client_auth and not ca_certs:
         raise ValueError("require_client_auth needs ca_certs: the CAs client certificates are verified against")
     if resolve_authorizer(settings.authorize) is not None:
+        where = "authorize" if authorize is not None else f"${AUTHORIZE_ENV}"
         raise ValueError(
-            f"gRPC's server makes its handshakes in its own TLS stack, out of Python's reach, so ${AUTHORIZE_ENV} "
-            "cannot refuse a client there: unset it, and check the caller's SPIFFE ID in a server interceptor "
+            f"gRPC's server makes its handshakes in its own TLS stack, out of Python's reach, so {where} "
+            "cannot refuse a client there: leave it out, and check the caller's SPIFFE ID in a server interceptor "
             "(context.auth_context()['x509_subject_alternative_name'])"
         )
     password = resolve_password(password_in_file(password_file) if password_file else None)

@@ -24,7 +24,8 @@ import os
 import shlex
 import ssl
 import sys
-from collections.abc import Callable, MutableMapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from tlsreload_plugins.authorization import Authorizer, resolve_authorizer
@@ -46,7 +47,7 @@ from tlsreload_plugins.settings import resolve_password, resolve_spiffe
 if TYPE_CHECKING:  # imported where SPIFFE is configured, not by every worker
     from tlsreload_plugins.sources.source_process import SourceProcess
 
-__all__ = ["add_reload", "reloaders", "worker_reloader"]
+__all__ = ["add_reload", "reloaders"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.gunicorn")
 
@@ -78,7 +79,16 @@ chained_config: str | None = None
 
 
 def worker_reloader() -> Reloader | None:
-    """This worker's :class:`~tlsreload_plugins.Reloader`; ``None`` in the arbiter, without TLS, or not yet built."""
+    """Deprecated: :func:`reloaders`, the one way every glue lists a process's reloaders (this worker's, or none).
+
+    Returns:
+        This worker's :class:`~tlsreload_plugins.Reloader`; ``None`` in the arbiter, without TLS, or not yet built.
+    """
+    warnings.warn(
+        "tlsreload_plugins.gunicorn.worker_reloader() is deprecated: use reloaders(), as in every glue",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return running_here()
 
 
@@ -86,7 +96,7 @@ def add_reload(
     namespace: MutableMapping[str, Any],
     *,
     interval: float | None = None,
-    sni: Sequence[str] | str | None = None,
+    sni: Iterable[str] | str | None = None,
     metrics: bool | None = None,
     crl: str | None = None,
     spiffe: str | bool | None = None,
@@ -98,7 +108,8 @@ def add_reload(
 
     Args:
         namespace: the module's ``globals()``; its hooks are wrapped (those it lacks, defined).
-        interval: seconds between checks (``$TLSRELOAD_INTERVAL``, else 1).
+        interval: seconds between checks: else the module's ``tls_reload_interval``, else ``$TLSRELOAD_INTERVAL``,
+            else 1.
         sni: directories of more identities chosen by server name: else the module's ``tls_sni``, else
             ``$TLSRELOAD_SNI``.
         metrics: export Prometheus metrics: else the module's ``tls_metrics``, else ``$TLSRELOAD_METRICS``, else off.
@@ -120,6 +131,7 @@ def add_reload(
     """
     if made_by(namespace.get("ssl_context"), add_reload):
         return
+    interval = interval if interval is not None else namespace.get("tls_reload_interval")
     sni = sni if sni is not None else namespace.get("tls_sni")
     metrics = metrics if metrics is not None else namespace.get("tls_metrics")
     crl = crl if crl is not None else namespace.get("tls_crl")
@@ -151,7 +163,7 @@ def add_reload(
     namespace["on_reload"] = after(namespace.get("on_reload"), lambda server: _read_again(server, settings))
     namespace["pre_fork"] = before(lambda server, worker: _reader_back(), namespace.get("pre_fork"))
     namespace["on_exit"] = after(namespace.get("on_exit"), lambda server: _close_reader())
-    # Ours first: the user's hook can then reach the reloader through worker_reloader().
+    # Ours first: the user's hook can then reach the reloader through reloaders().
     namespace["post_worker_init"] = before(
         lambda worker: _start_worker(worker, user_ssl_context, settings), namespace.get("post_worker_init")
     )
@@ -183,8 +195,10 @@ def drop_in_settings(module: str) -> dict[str, Any]:
     settings = {name: value for name, value in read.items() if name in names}
     add_reload(
         settings,
+        interval=read.get("tls_reload_interval"),
         sni=read.get("tls_sni"),
         metrics=read.get("tls_metrics"),
+        crl=read.get("tls_crl"),
         spiffe=read.get("tls_spiffe"),
         spiffe_id=read.get("tls_spiffe_id"),
         federation=read.get("tls_spiffe_federation"),

@@ -39,7 +39,7 @@ from tlsreload_plugins.serving.start import CannotServe, Settings, exit_if_canno
 from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_interval
 
-__all__ = ["STARTUP_FAILURE", "ReloadingConfig", "main", "reloaders"]
+__all__ = ["ReloadingConfig", "main", "reloaders"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.hypercorn")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 try:
@@ -43,7 +43,7 @@ from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password
 from tlsreload_plugins.sni.discovery import resolve_directories
 
-__all__ = ["PUBLICATIONS", "STARTUP_FAILURE", "ReloadingCertLoader", "reload_certificates", "reloaders"]
+__all__ = ["ReloadingCertLoader", "reload_certificates", "reloaders"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.sanic")
 
@@ -66,7 +66,7 @@ def reload_certificates(
     app: Sanic[Any, Any],
     *,
     interval: float | None = None,
-    sni: Sequence[str] | str | None = None,
+    sni: Iterable[str] | str | None = None,
     metrics: bool | None = None,
     authorize: Authorizer | Callable[[str], bool] | str | None = None,
 ) -> None:

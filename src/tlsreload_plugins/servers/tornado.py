@@ -37,7 +37,7 @@ from tlsreload_plugins.reloader import Reloader
 from tlsreload_plugins.serving.start import Settings, Waiting, check_at_start, start_reader, start_reloader
 from tlsreload_plugins.settings import resolve_password
 
-__all__ = ["SSL_OPTIONS", "ReloadingTLS", "reloaders", "reloading_tls"]
+__all__ = ["ReloadingTLS", "reloaders", "reloading_tls"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.tornado")
 

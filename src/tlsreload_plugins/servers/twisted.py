@@ -51,7 +51,7 @@ from tlsreload_plugins.settings import resolve_password
 from tlsreload_plugins.sni import identities as sni
 from tlsreload_plugins.sni.discovery import resolve_directories
 
-__all__ = ["EXTRA_KEYWORDS", "NewestContext", "reloaders", "reloading_endpoint"]
+__all__ = ["NewestContext", "reloaders", "reloading_endpoint"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.twisted")
 

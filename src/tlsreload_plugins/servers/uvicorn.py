@@ -17,7 +17,7 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from tlsreload_plugins.authorization import Authorizer
@@ -38,8 +38,7 @@ from tlsreload_plugins.settings import resolve_password, resolve_sni_directories
 if TYPE_CHECKING:  # uvicorn is the [uvicorn] extra: imported where used, so that a missing extra is one
     import uvicorn  # clear line, not a ModuleNotFoundError from this module's import
 
-__all__ = ["LIFESPAN_GRACE", "STARTUP_FAILURE", "TLSReloadLifespan", "main", "reloaders"]
-__all__ += ["reloading_certificates", "reloading_ssl_context"]
+__all__ = ["TLSReloadLifespan", "main", "reloaders", "reloading_certificates", "reloading_ssl_context"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.uvicorn")
 
@@ -58,7 +57,7 @@ def reloading_ssl_context(
     default_factory: Callable[[], ssl.SSLContext],
     *,
     interval: float | None = None,
-    sni: Sequence[str] | None = None,
+    sni: Iterable[str] | str | None = None,
     metrics: bool | None = None,
     crl: str | None = None,
     authorize: Authorizer | Callable[[str], bool] | str | None = None,

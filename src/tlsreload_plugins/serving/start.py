@@ -29,7 +29,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from typing import NoReturn, TypeVar
 
@@ -113,7 +113,8 @@ class Settings(FrozenRecord):
 
     Attributes:
         interval: seconds between checks (``$TLSRELOAD_INTERVAL``, else 1).
-        sni: directories of more identities chosen by server name (``$TLSRELOAD_SNI``).
+        sni: directories of more identities chosen by server name (``$TLSRELOAD_SNI``): one ``os.pathsep``-separated
+            string, or any iterable of directories (kept as a tuple: it is read more than once).
         metrics: export Prometheus metrics (``$TLSRELOAD_METRICS``, else off).
         crl: a PEM file of CRLs for the CAs of the client-CA bundle (``$TLSRELOAD_CRL``, else none), reloaded
             with it: see :meth:`with_crl`.
@@ -127,7 +128,7 @@ class Settings(FrozenRecord):
     _fields = ("interval", "sni", "metrics", "crl", "authorize")
     __slots__ = _fields
     interval: float | None
-    sni: Sequence[str] | str | None
+    sni: tuple[str, ...] | str | None
     metrics: bool | None
     crl: str | None
     authorize: Authorizer | Callable[[str], bool] | str | None
@@ -135,12 +136,13 @@ class Settings(FrozenRecord):
     def __init__(
         self,
         interval: float | None = None,
-        sni: Sequence[str] | str | None = None,
+        sni: Iterable[str] | str | None = None,
         metrics: bool | None = None,
         crl: str | None = None,
         authorize: Authorizer | Callable[[str], bool] | str | None = None,
     ) -> None:
-        self._set(interval, sni, metrics, crl, authorize)
+        directories = sni if sni is None or isinstance(sni, str) else tuple(sni)
+        self._set(interval, directories, metrics, crl, authorize)
 
     def with_crl(self, files: TLSFiles) -> TLSFiles:
         """``files`` with the CRL file: the server's own setting (``files.crl``), else :attr:`crl`, else

@@ -32,6 +32,7 @@ import logging
 import os
 import ssl
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Set
 from contextlib import AbstractContextManager
@@ -73,10 +74,11 @@ class SNIIdentities:
     one of them, a CA without a CRL, the CRL's ``nextUpdate``) the default reloader reports, once for all (each
     identity's reloader ``shares_trust``). Identities whose files cannot be used when first seen are not served
     (their names get the default identity), and are tried again when their files change (and at least once a
-    minute). ``export_metrics`` exports the identities' aggregate metrics, and each identity's own, labelled
+    minute). ``metrics`` exports the identities' aggregate metrics, and each identity's own, labelled
     with its name, when there are at most :data:`~tlsreload_plugins.metrics.PER_IDENTITY_UP_TO` or
-    ``TLSRELOAD_METRICS=per-identity`` (:mod:`tlsreload_plugins.metrics`). Each identity's context is built by the
-    first handshake that names it (:mod:`tlsreload_plugins.sni.contexts`).
+    ``TLSRELOAD_METRICS=per-identity`` (:mod:`tlsreload_plugins.metrics`); ``export_metrics``, its name before,
+    still works for this release and warns (``DeprecationWarning``). Each identity's context is built by the first
+    handshake that names it (:mod:`tlsreload_plugins.sni.contexts`).
     """
 
     def __init__(
@@ -89,8 +91,16 @@ class SNIIdentities:
         password: Password = None,
         interval: float | None = None,
         expiry_warning_days: float | None = None,
-        export_metrics: bool = False,
+        metrics: bool = False,
+        export_metrics: bool | None = None,
     ) -> None:
+        if export_metrics is not None:
+            warnings.warn(
+                "SNIIdentities(export_metrics=) is deprecated: it is metrics=, as in every glue",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            metrics = export_metrics
         self.directories: list[str] = resolve_directories(directories)
         self.recipe_for = recipe_for
         self.ca_certs = ca_certs
@@ -98,7 +108,7 @@ class SNIIdentities:
         self.password = password
         self.interval = interval
         self.expiry_warning_days = expiry_warning_days
-        self.export_metrics = export_metrics
+        self.export_metrics = metrics
         self._lock = threading.Lock()  # one scan at a time
         self._tracker = ChangeTracker(self.directories, resolve_interval(interval), ca_certs, crl=crl)
         self._found: dict[str, TLSFiles] = {}  # what the tracker found last
@@ -145,7 +155,7 @@ class SNIIdentities:
             password=default.password,
             interval=default.interval,
             expiry_warning_days=default.expiry_warning_days,
-            export_metrics=metrics.observing(default),
+            metrics=metrics.observing(default),
         )
         default.set_route(identities.context_for)
         default.add_callbacks(on_check=identities._on_default_check)

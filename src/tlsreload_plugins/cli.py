@@ -175,7 +175,7 @@ def _positive_seconds(value: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tlsreload`` (also used by tests to validate example commands)."""
     parser = argparse.ArgumentParser(
-        prog="tlsreload", description="Live TLS certificate reload for gunicorn and uvicorn: tools."
+        prog="tlsreload", description="TLS certificates kept fresh in running Python servers and clients: tools."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

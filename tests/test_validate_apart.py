@@ -252,3 +252,37 @@ def test_sni_identities_found_at_start_are_validated_by_one_child(
     summary = identities.summary()
     assert (summary.valid, list(summary.refused)) == (12, ["broken"]), summary
     assert "does not match" in identities.unserved()["broken"]
+
+
+def test_a_large_batch_where_validation_runs_here_is_split_one_part_here_the_others_in_children(
+    ca: trustme.CA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's reader has loaded cryptography and validates in itself; the thousands of SNI identities it finds at
+    its start are judged in parts at once (one per CPU, each of PER_CHILD or more): the first here, each other in a
+    child. A batch too small to split is not judged ahead; ``$TLSRELOAD_VALIDATE=inline`` keeps every part here."""
+    monkeypatch.delenv(validate_apart.VALIDATE_ENV)
+    monkeypatch.setattr(validate_apart, "PER_CHILD", 3)
+    monkeypatch.setattr(validate_apart, "_cpus", lambda: 2)
+    children: list[int] = []
+    real = validate_apart.validate_in_child
+
+    def counting(items: list[tuple[Snapshot, object]], **kwargs: object) -> list[object]:
+        children.append(len(items))
+        return real(items, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(validate_apart, "validate_in_child", counting)
+    pairs = [issue(ca) for _ in range(6)]
+    items = [(snapshot_of(p.chain, p.key, f"site{i}"), None) for i, p in enumerate(pairs)]
+    items.append((snapshot_of(pairs[0].chain, pairs[1].key, "broken"), None))
+    assert not validate_apart.apart() and validate_apart.batched(len(items)) and not validate_apart.batched(5)
+
+    verdicts = validate_apart.validate_many(items)
+
+    assert children == [3]  # 7 in two parts, 4 and 3: the first judged here, the second by one child
+    assert [leaf.serial for leaf in verdicts[:6]] == [p.serial for p in pairs]  # type: ignore[union-attr]
+    assert isinstance(verdicts[6], InvalidIdentity) and "does not match" in str(verdicts[6])
+    with validate_apart.prejudged(items):  # judged ahead in parts too, and taken one by one
+        assert validate_apart.validate(items[5][0]).serial == pairs[5].serial
+    assert children == [3, 3]
+    monkeypatch.setenv(validate_apart.VALIDATE_ENV, "inline")
+    assert not validate_apart.batched(len(items))

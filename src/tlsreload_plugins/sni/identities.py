@@ -305,7 +305,9 @@ class SNIIdentities:
             return [(snapshot, self.password) for snapshot in fresh]
 
         items = run(gather) if adding or (dirty and apart) else []
-        return validate_apart.prejudged(items, run=run) if apart else contextlib.nullcontext()
+        # Here too when this process validates (a reader): a batch of thousands is split across the CPUs.
+        batched = apart or validate_apart.batched(len(items))
+        return validate_apart.prejudged(items, run=run) if batched else contextlib.nullcontext()
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
         """Check one served identity; whether the names its leaf lists changed (the routing table must follow: a

@@ -47,7 +47,7 @@ from tlsreload_plugins.validation.child import (
 )
 from tlsreload_plugins.validation.process import original
 
-__all__ = ["PER_CHILD", "VALIDATE_ENV", "Unjudged", "apart", "prejudged", "validate", "validate_many"]
+__all__ = ["PER_CHILD", "VALIDATE_ENV", "Unjudged", "apart", "batched", "prejudged", "validate", "validate_many"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.validate_apart")
 
@@ -89,6 +89,24 @@ def apart() -> bool:
     return _BINDINGS not in sys.modules
 
 
+def batched(count: int) -> bool:
+    """Whether a batch of ``count`` identities is judged ahead, in children (:func:`prejudged`): always where validation
+    runs in a child (:func:`apart`); where it runs in this process (a server's reader, which has loaded
+    ``cryptography``), when the batch is large enough to be split across this process's CPUs, one part judged here
+    and each other in a child at once (thousands of SNI identities at a reader's start), unless ``$TLSRELOAD_VALIDATE``
+    says ``inline`` or no child could be started."""
+    if apart():
+        return True
+    if _fallback is not None or os.environ.get(VALIDATE_ENV, "").strip().lower() == "inline":
+        return False
+    return _parts(count) >= 2
+
+
+def _parts(count: int) -> int:
+    """How many parts a batch of ``count`` identities is split into: one per CPU, each of :data:`PER_CHILD` or more."""
+    return min(_cpus(), count // PER_CHILD)
+
+
 def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
     """:func:`~tlsreload_plugins.identity.validate`, run where :func:`apart` says (a verdict a :func:`prejudged`
     block found for exactly these bytes and password is taken as it is).
@@ -109,20 +127,21 @@ def validate(snapshot: Snapshot, password: Password = None) -> Leaf:
 
 def validate_many(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
     """The verdict on each identity of ``items`` (bytes, key password), in order: judged by one child when
-    :func:`apart` (a batch of :data:`PER_CHILD` identities or more is split across up to one child per CPU this
-    process may use, run at once), else in this process. Blocking; never raises for what the bytes hold (an error
-    nobody foresaw is a refusal naming the files).
+    :func:`apart`, else in this process; a batch large enough to be split (:func:`batched`: :data:`PER_CHILD`
+    identities or more per CPU this process may use) is judged in parts at once, each by a child, or, where
+    validation runs in this process, the first part here and each other by a child. Blocking; never raises for what
+    the bytes hold (an error nobody foresaw is a refusal naming the files).
 
     Example: ``validate_many([(read_files(files), None) for files in found.values()])``.
     """
-    parts = min(_cpus(), len(items) // PER_CHILD) if apart() else 1
+    parts = _parts(len(items)) if batched(len(items)) else 1
     if parts < 2:
         return _in_a_child(items)
     size = -(-len(items) // parts)
     chunks = [items[start : start + size] for start in range(0, len(items), size)]
-    return [
-        verdict for verdicts in _at_once([functools.partial(_in_a_child, c) for c in chunks]) for verdict in verdicts
-    ]
+    here = not apart()
+    work = [functools.partial(_in_a_child, chunk, here=here and index == 0) for index, chunk in enumerate(chunks)]
+    return [verdict for verdicts in _at_once(work) for verdict in verdicts]
 
 
 def _cpus() -> int:
@@ -161,11 +180,13 @@ def _at_once(work: Sequence[Callable[[], list[Verdict]]]) -> list[list[Verdict]]
     return [result or [] for result in results if not isinstance(result, BaseException)]
 
 
-def _in_a_child(items: Sequence[tuple[Snapshot, Password]]) -> list[Verdict]:
-    """:func:`validate_many` with one child (a new one for the rest after one stopped over an identity)."""
+def _in_a_child(items: Sequence[tuple[Snapshot, Password]], *, here: bool | None = None) -> list[Verdict]:
+    """:func:`validate_many` with one child (a new one for the rest after one stopped over an identity); ``here``:
+    in this process instead (default: where :func:`apart` says)."""
     global _fallback
     verdicts: list[Verdict] = []
-    if items and apart():
+    in_a_child = apart() if here is None else not here
+    if items and in_a_child and _fallback is None:
         try:
             while len(verdicts) < len(items):  # a child stopped over one identity: a new one for the rest
                 rest = items[len(verdicts) :]
@@ -194,8 +215,9 @@ def prejudged(
     """Judge ``items`` now, in one child (:func:`validate_many`), and let :func:`validate` take those verdicts, from
     any thread, until the block ends: for a caller about to check many identities one by one. ``run(work)``
     runs the validation elsewhere (gevent's threadpool ``apply``: off the hub). Does nothing when validation
-    runs in this process (each is judged when asked, if at all)."""
-    if not items or not apart():
+    runs in this process and the batch is too small to split across CPUs (:func:`batched`: each is judged when
+    asked, if at all)."""
+    if not items or not batched(len(items)):
         yield
         return
     keys = [_key(snapshot, password) for snapshot, password in items]

@@ -8,7 +8,7 @@ websockets: an ``ssl.create_default_context(Purpose.CLIENT_AUTH)`` with ``load_c
 ``ssl_options_to_context`` of its ``ssl_options`` dictionary, called once). ``tornado-dict`` is Tornado given
 the dictionary itself, as its documentation shows: Tornado then builds a context from it, reading the files,
 for every connection it accepts. The plugin side is the documented one line
-(``tlsreload_plugins.aiohttp.reloading``, ``.websockets.reloading_ssl``, ``.tornado.reloading_tls``), whose
+(``tlsreload_plugins.aiohttp.reloading``, ``.websockets.reloading``, ``.tornado.reloading``), whose
 recipe builds the same context. The stock side never imports ``tlsreload_plugins`` (the answer says so).
 SIGTERM stops either cleanly.
 """
@@ -74,9 +74,9 @@ def serve_websockets(options: argparse.Namespace) -> None:
 
     async def main() -> None:
         if options.side == "plugin":
-            from tlsreload_plugins.websockets import reloading_ssl
+            from tlsreload_plugins.websockets import reloading
 
-            tls = reloading_ssl(options.certfile, options.keyfile)
+            tls = reloading(options.certfile, options.keyfile)
         else:
             tls = stock()
         async with tls as context, serve(echo, "127.0.0.1", options.port, ssl=context, process_request=plain_http):
@@ -99,9 +99,9 @@ def serve_tornado(options: argparse.Namespace) -> None:
     ssl_options = {"certfile": options.certfile, "keyfile": options.keyfile}
     context: ssl.SSLContext | dict[str, str]
     if options.side == "plugin":
-        from tlsreload_plugins.tornado import reloading_tls
+        from tlsreload_plugins.tornado import reloading
 
-        context = reloading_tls(ssl_options).context()
+        context = reloading(ssl_options).context()
     elif options.server == "tornado-dict":
         context = ssl_options  # Tornado builds a context from the dictionary for every connection
     else:

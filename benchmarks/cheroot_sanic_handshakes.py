@@ -10,7 +10,7 @@ the project trusts); server CPU is the user+system time of each server's process
   adapter's constructor) or with ``ReloadingSSLAdapter`` (plugin), serving :mod:`tlsbench_apps`' WSGI app.
   CherryPy's server is this same cheroot server.
 * ``sanic``: ``app.run(ssl={"cert": ..., "key": ...}, workers=1)`` under Sanic's worker manager (stock: Sanic's
-  ``CertSimple`` context, built once in the worker), plus ``reload_certificates(app)`` (plugin: the same
+  ``CertSimple`` context, built once in the worker), plus ``reloading(app)`` (plugin: the same
   ``CertSimple``, the checks in a thread of the worker, the last good store kept by the main process). The
   process group is Sanic's main process, its worker and its multiprocessing manager, on both sides.
 
@@ -71,9 +71,9 @@ def sanic_app(side: str) -> Any:
 
     app = Sanic("tlsbench")
     if side == "plugin":
-        from tlsreload_plugins.sanic import reload_certificates
+        from tlsreload_plugins.sanic import reloading
 
-        reload_certificates(app)
+        reloading(app)
 
     @app.get("/")
     async def home(request: Request) -> HTTPResponse:

@@ -3,14 +3,14 @@
     gunicorn -c examples/gunicorn.conf.py --certfile /etc/letsencrypt/live/example.com/fullchain.pem \
         --keyfile /etc/letsencrypt/live/example.com/privkey.pem app:app
 
-Everything above ``add_reload(globals())`` is the application's own: its ``ssl_context`` hook
+Everything above ``reloading(globals())`` is the application's own: its ``ssl_context`` hook
 (TLS 1.3 only) is applied again on every reload, and its ``post_fork``, ``post_worker_init``
 and ``worker_exit`` hooks still run in every worker.
 """
 
 import ssl
 
-from tlsreload_plugins.gunicorn import add_reload
+from tlsreload_plugins.gunicorn import reloading
 
 workers = 2
 worker_class = "gthread"
@@ -36,4 +36,4 @@ def worker_exit(server, worker):
 
 
 # Last: wraps the hooks above so that every worker reloads its certificate when the files change.
-add_reload(globals())
+reloading(globals())

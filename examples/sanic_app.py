@@ -2,7 +2,7 @@
 
     python examples/sanic_app.py --certfile tls.crt --keyfile tls.key --host 127.0.0.1 --port 8443
 
-The one line is ``reload_certificates(app)``, where the app is made (each worker imports this module
+The one line is ``reloading(app)``, where the app is made (each worker imports this module
 too); Sanic then runs as usual: ``app.run(ssl={"cert": ..., "key": ...}, workers=2)``, or
 ``sanic examples.sanic_app:app --cert tls.crt --key tls.key --workers 2``. ``--certfile``, ``--keyfile``
 and ``--ca-certs`` may be repeated together with ``--certfile`` for several certificates, which Sanic
@@ -19,10 +19,10 @@ from typing import Any
 from sanic import Request, Sanic, text
 from sanic.response import HTTPResponse
 
-from tlsreload_plugins.sanic import reload_certificates
+from tlsreload_plugins.sanic import reloading
 
 app: Sanic[Any, Any] = Sanic("tlsreload_example")
-reload_certificates(app)  # interval, SNI and metrics from $TLSRELOAD_*: the workers read the same
+reloading(app)  # interval, SNI and metrics from $TLSRELOAD_*: the workers read the same
 
 
 @app.get("/")

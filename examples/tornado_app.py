@@ -2,7 +2,7 @@
 
     python examples/tornado_app.py --certfile tls.crt --keyfile tls.key --host 127.0.0.1 --port 8443 [--processes 2]
 
-The one line is ``tls = reloading_tls(ssl_options)`` where the server starts (before ``fork_processes``),
+The one line is ``tls = reloading(ssl_options)`` where the server starts (before ``fork_processes``),
 then ``HTTPServer(app, ssl_options=tls.context())`` in each process that serves, before its loop runs. New
 connections get each new valid pair; established ones keep theirs; a bad pair is logged once (by each
 process) and the last good one keeps serving. A process ``fork_processes`` restarts while the files are
@@ -33,7 +33,7 @@ from tornado.process import fork_processes
 from tornado.web import Application, RequestHandler
 
 from tlsreload_plugins.serving.start import CannotServe
-from tlsreload_plugins.tornado import reloading_tls
+from tlsreload_plugins.tornado import reloading
 
 log = logging.getLogger("tornado_app")
 
@@ -105,7 +105,7 @@ def main() -> None:
     if options.ca_certs:
         ssl_options.update(ca_certs=options.ca_certs, cert_reqs=ssl.CERT_REQUIRED)
     try:
-        tls = reloading_tls(ssl_options, interval=options.interval)  # before the fork: checked once, kept for all
+        tls = reloading(ssl_options, interval=options.interval)  # before the fork: checked once, kept for all
     except (CannotServe, ValueError) as e:
         parser.exit(1, f"{e}\n")
     sockets = bind_sockets(options.port, options.host)

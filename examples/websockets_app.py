@@ -2,7 +2,7 @@
 
     python examples/websockets_app.py --certfile tls.crt --keyfile tls.key --host 127.0.0.1 --port 8443
 
-The one line is ``async with reloading_ssl(certfile, keyfile) as ssl_context`` around websockets'
+The one line is ``async with reloading(certfile, keyfile) as ssl_context`` around websockets'
 ``serve(..., ssl=ssl_context)``: the files are read off the event loop, then checked in a daemon thread
 while the block runs. Every new connection gets the newest valid certificate; an open websocket keeps
 its TLS session for as long as it stays open. ``wss://HOST:PORT/`` echoes every message; a plain HTTP
@@ -24,7 +24,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from tlsreload_plugins import InvalidIdentity
-from tlsreload_plugins.websockets import reloading_ssl
+from tlsreload_plugins.websockets import reloading
 
 
 async def echo(websocket: ServerConnection) -> None:
@@ -45,9 +45,7 @@ async def serve_until_stopped(options: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     async with (
-        reloading_ssl(
-            options.certfile, options.keyfile, ca_certs=options.ca_certs, interval=options.interval
-        ) as context,
+        reloading(options.certfile, options.keyfile, ca_certs=options.ca_certs, interval=options.interval) as context,
         serve(echo, options.host, options.port, ssl=context, process_request=plain_http),
     ):
         logging.getLogger("websockets_app").info("serving wss://%s:%s/", options.host, options.port)

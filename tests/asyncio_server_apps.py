@@ -74,7 +74,7 @@ def serve_websockets(options: argparse.Namespace) -> None:
     from websockets.datastructures import Headers
     from websockets.http11 import Request, Response
 
-    from tlsreload_plugins.websockets import reloading_ssl
+    from tlsreload_plugins.websockets import reloading
 
     async def echo(websocket: ServerConnection) -> None:
         async for message in websocket:
@@ -90,7 +90,7 @@ def serve_websockets(options: argparse.Namespace) -> None:
     async def main() -> None:
         stopping = stop_on_signals()
         async with (
-            reloading_ssl(options.certfile, options.keyfile, ca_certs=options.ca_certs, crl=options.crl) as context,
+            reloading(options.certfile, options.keyfile, ca_certs=options.ca_certs, crl=options.crl) as context,
             serve(echo, options.host, options.port, ssl=context, process_request=plain_http),
         ):
             await stopping.wait()
@@ -109,7 +109,7 @@ def serve_tornado(options: argparse.Namespace) -> None:
     from tornado.netutil import bind_sockets
     from tornado.web import Application, RequestHandler
 
-    from tlsreload_plugins.tornado import reloading_tls
+    from tlsreload_plugins.tornado import reloading
 
     sys.path.insert(0, str(EXAMPLES))
     from tornado_app import closed, fork_with_lifeline
@@ -124,7 +124,7 @@ def serve_tornado(options: argparse.Namespace) -> None:
     ssl_options: dict[str, object] = {"certfile": options.certfile, "keyfile": options.keyfile}
     if options.ca_certs:
         ssl_options.update(ca_certs=options.ca_certs, cert_reqs=ssl.CERT_REQUIRED)
-    tls = reloading_tls(ssl_options, crl=options.crl)
+    tls = reloading(ssl_options, crl=options.crl)
     sockets = bind_sockets(options.port, options.host)
     lifeline = fork_with_lifeline(options.processes) if options.processes > 1 else None
     context = tls.context(stopped=lambda: lifeline is not None and closed(lifeline))

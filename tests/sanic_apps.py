@@ -16,10 +16,10 @@ from sanic import Request, Sanic
 from sanic.response import HTTPResponse, raw
 
 import hostile_apps
-from tlsreload_plugins.sanic import reload_certificates
+from tlsreload_plugins.sanic import reloading
 
 app: Sanic[Any, Any] = Sanic("tlsreload_tests")
-reload_certificates(app)
+reloading(app)
 
 
 def answer(body: bytes, content_type: str = "text/plain") -> HTTPResponse:

@@ -129,7 +129,7 @@ START_PROBLEMS: dict[str, tuple[list[str], dict[str, str], str]] = {
 
 
 @pytest.mark.parametrize("problem", START_PROBLEMS)
-@pytest.mark.parametrize("how", ["drop-in", "add_reload"])
+@pytest.mark.parametrize("how", ["drop-in", "reloading"])
 def test_start_up_problems_stop_gunicorn_before_it_binds(
     tmp_path: Path, ca: trustme.CA, problem: str, how: str
 ) -> None:
@@ -226,7 +226,7 @@ def test_a_uvicorn_worker_that_drops_config_kwargs_stops_gunicorn_loudly(tmp_pat
 
 
 CACHING_HOOK = """
-from tlsreload_plugins.gunicorn import add_reload
+from tlsreload_plugins.gunicorn import reloading
 
 _cached = []
 
@@ -238,16 +238,16 @@ def ssl_context(conf, default_ssl_context_factory):
     return _cached[0]
 
 
-add_reload(globals())
+reloading(globals())
 """
 
 HOOK_AFTER_ADD_RELOAD = """
-from tlsreload_plugins.gunicorn import add_reload
+from tlsreload_plugins.gunicorn import reloading
 
-add_reload(globals())
+reloading(globals())
 
 
-def ssl_context(conf, default_ssl_context_factory):  # defined after add_reload: replaces its hook
+def ssl_context(conf, default_ssl_context_factory):  # defined after reloading: replaces its hook
     return default_ssl_context_factory()
 """
 
@@ -255,7 +255,7 @@ def ssl_context(conf, default_ssl_context_factory):  # defined after add_reload:
 @pytest.mark.parametrize(
     ("config", "error"),
     [(CACHING_HOOK, "returned a context already in use"), (HOOK_AFTER_ADD_RELOAD, "is not tlsreload's")],
-    ids=["hook-caches-its-context", "hook-defined-after-add_reload"],
+    ids=["hook-caches-its-context", "hook-defined-after-reloading"],
 )
 def test_a_hook_that_defeats_reloading_is_an_error_never_a_reload_claim(
     tmp_path: Path, ca: trustme.CA, config: str, error: str

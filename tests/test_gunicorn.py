@@ -19,7 +19,7 @@ import httpx
 import pytest
 import trustme
 
-from tlsreload_plugins.gunicorn import add_reload
+from tlsreload_plugins.gunicorn import reloading
 from tlstest import (
     HOST,
     CertbotLayout,
@@ -287,12 +287,12 @@ def test_add_reload_wraps_a_config_module_once() -> None:
         return factory()
 
     namespace: dict[str, object] = {"ssl_context": ssl_context, "workers": 2}
-    add_reload(namespace)
+    reloading(namespace)
     wrapped = dict(namespace)
     assert {"ssl_context", "on_starting", "post_worker_init", "worker_exit"} <= wrapped.keys()
     assert "when_ready" not in wrapped  # the start-up check runs in on_starting, before the sockets are bound
     assert wrapped["ssl_context"] is not ssl_context and wrapped["workers"] == 2
-    add_reload(namespace)  # a config file executed twice, or a second call: no double wrapping
+    reloading(namespace)  # a config file executed twice, or a second call: no double wrapping
     assert namespace == wrapped
 
 

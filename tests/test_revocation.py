@@ -217,19 +217,19 @@ def test_grpc_refuses_a_crl_at_start_with_one_line(ca: trustme.CA, tmp_path: Pat
     assert "take no certificate revocation list" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("way", ["add_reload", "drop-in"])
+@pytest.mark.parametrize("way", ["reloading", "drop-in"])
 def test_gunicorn_takes_tls_crl_from_its_own_configuration(ca: trustme.CA, tmp_path: Path, way: str) -> None:
     """A user's gunicorn configuration with ``tls_crl = ...`` and ``tls_reload_interval = ...`` (gunicorn's own
-    convention for tlsreload's settings), read by ``add_reload(globals())`` at its end, or by the drop-in
+    convention for tlsreload's settings), read by ``reloading(globals())`` at its end, or by the drop-in
     (``-c python:tlsreload_plugins.gunicorn_conf``, which reads ``./gunicorn.conf.py``): the CRL reloads in every
     worker, which checks at that interval."""
     trust = Trust(tmp_path / "clients", ca)
     layout = RenameEachLayout(tmp_path / "tls")
     place_good(layout.cert_path, layout.key_path, ca)
     settings = f"tls_crl = {str(trust.crl)!r}\ntls_reload_interval = 0.4\n"
-    if way == "add_reload":
+    if way == "reloading":
         config = tmp_path / "gunicorn_conf.py"
-        config.write_text(f"from tlsreload_plugins.gunicorn import add_reload\n{settings}add_reload(globals())\n")
+        config.write_text(f"from tlsreload_plugins.gunicorn import reloading\n{settings}reloading(globals())\n")
         given = ("-c", str(config))
     else:
         (tmp_path / "gunicorn.conf.py").write_text(settings)

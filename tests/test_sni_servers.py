@@ -1,7 +1,7 @@
 """SNI identities end to end: real servers (gunicorn gthread, asgi, sync, gevent and tornado,
 UvicornWorker, tlsreload-uvicorn, tlsreload-hypercorn; 2 workers each) as subprocesses, real clients
 sending different server names. Each server is configured the way its users would: gunicorn through
-``tls_sni`` in ./gunicorn.conf.py read by the drop-in, ``tls_sni`` before ``add_reload(globals())``
+``tls_sni`` in ./gunicorn.conf.py read by the drop-in, ``tls_sni`` before ``reloading(globals())``
 in an own configuration, or ``$TLSRELOAD_SNI``; uvicorn and hypercorn through ``--tls-sni DIR``."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def command(server: str, port: int, sites: Sites, tmp_path: Path) -> tuple[list[
         elif server == "asgi":  # an own configuration
             config = cwd / "conf.py"
             config.write_text(
-                f"from tlsreload_plugins.gunicorn import add_reload\ntls_sni = [{sni!r}]\nadd_reload(globals())\n"
+                f"from tlsreload_plugins.gunicorn import reloading\ntls_sni = [{sni!r}]\nreloading(globals())\n"
             )
             args += ["-c", str(config)]
         else:

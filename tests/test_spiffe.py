@@ -294,7 +294,7 @@ def test_gunicorn_workers_on_svids_through_a_rotation_a_dropped_stream_and_a_hup
     tmp_path: Path, ca: trustme.CA, configured: str
 ) -> None:
     """``drop-in``: the drop-in configuration with ``$TLSRELOAD_SPIFFE=1`` and ``$SPIFFE_ENDPOINT_SOCKET``;
-    ``own-config``: the user's own ``gunicorn.conf.py`` naming the socket in ``tls_spiffe``, then ``add_reload``."""
+    ``own-config``: the user's own ``gunicorn.conf.py`` naming the socket in ``tls_spiffe``, then ``reloading``."""
     api = WorkloadAPI(tmp_path)
     svid = mint_svid(ca, "web", "localhost")
     api.send([svid])
@@ -303,9 +303,9 @@ def test_gunicorn_workers_on_svids_through_a_rotation_a_dropped_stream_and_a_hup
     args, env = gunicorn_on(api, port, INTERVAL)
     if configured == "own-config":  # its configuration names the socket: nothing from the environment
         (tmp_path / "gunicorn.conf.py").write_text(
-            "from tlsreload_plugins.gunicorn import add_reload\n\n"
+            "from tlsreload_plugins.gunicorn import reloading\n\n"
             f"tls_spiffe = {api.endpoint!r}\n\n"
-            "add_reload(globals())\n"
+            "reloading(globals())\n"
         )
         args[args.index("-c") + 1] = str(tmp_path / "gunicorn.conf.py")
         del env["TLSRELOAD_SPIFFE"], env["SPIFFE_ENDPOINT_SOCKET"]

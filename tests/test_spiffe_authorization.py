@@ -231,10 +231,10 @@ def via_aiohttp(cert: str, key: str, bundle: str, check: Check) -> None:
 
 
 def via_websockets(cert: str, key: str, bundle: str, check: Check) -> None:
-    from tlsreload_plugins.websockets import reloading_ssl
+    from tlsreload_plugins.websockets import reloading
 
     async def run() -> None:
-        async with reloading_ssl(cert, key, ca_certs=bundle, authorize=WEB) as context:
+        async with reloading(cert, key, ca_certs=bundle, authorize=WEB) as context:
             await asyncio.to_thread(check, context)
 
     asyncio.run(run())
@@ -262,9 +262,9 @@ def via_uvicorn(cert: str, key: str, bundle: str, check: Check) -> None:
 
 
 def via_tornado(cert: str, key: str, bundle: str, check: Check) -> None:
-    from tlsreload_plugins.tornado import reloading_tls
+    from tlsreload_plugins.tornado import reloading
 
-    tls = reloading_tls({"certfile": cert, "keyfile": key, "ca_certs": bundle}, authorize=WEB)  # no cert_reqs
+    tls = reloading({"certfile": cert, "keyfile": key, "ca_certs": bundle}, authorize=WEB)  # no cert_reqs
     try:
         check(tls.context())
     finally:
@@ -285,12 +285,12 @@ def via_cheroot(cert: str, key: str, bundle: str, check: Check) -> None:
 def via_sanic(cert: str, key: str, bundle: str, check: Check) -> None:
     from sanic import Sanic
 
-    from tlsreload_plugins.sanic import ReloadingCertLoader, reload_certificates, reloaders
+    from tlsreload_plugins.sanic import ReloadingCertLoader, reloaders, reloading
     from tlsreload_plugins.serving import lifespan
 
     app: Sanic[Any, Any] = Sanic(f"tlsreload_authorize_{secrets.token_hex(4)}")
     try:
-        reload_certificates(app, authorize=WEB)
+        reloading(app, authorize=WEB)
         before = set(reloaders())
         context = ReloadingCertLoader({"cert": cert, "key": key, "ca_certs": bundle}).load(app)  # as a worker does
         (reloader,) = set(reloaders()) - before
@@ -307,11 +307,11 @@ def via_sanic(cert: str, key: str, bundle: str, check: Check) -> None:
 
 GLUES: dict[str, Callable[[str, str, str, Check], None]] = {
     "aiohttp reloading": via_aiohttp,
-    "websockets reloading_ssl": via_websockets,
+    "websockets reloading": via_websockets,
     "uvicorn reloading_ssl_context": via_uvicorn,
-    "tornado reloading_tls": via_tornado,
+    "tornado reloading": via_tornado,
     "cheroot ReloadingSSLAdapter": via_cheroot,
-    "sanic reload_certificates": via_sanic,
+    "sanic reloading": via_sanic,
 }
 
 
@@ -520,11 +520,11 @@ def test_drop_ins_serve_the_svid_asked_for_and_authorize_clients_by_spiffe_id(
     port = free_port()
     if drop_in == "gunicorn":
         (tmp_path / "gunicorn.conf.py").write_text(
-            "from tlsreload_plugins.gunicorn import add_reload\n\n"
+            "from tlsreload_plugins.gunicorn import reloading\n\n"
             f"tls_spiffe = {api.endpoint!r}\n"
             f"tls_spiffe_id = {chosen.spiffe_id!r}\n"
             f"tls_spiffe_authorize = {WEB!r}\n\n"
-            "add_reload(globals())\n"
+            "reloading(globals())\n"
         )
         args = ["-m", "gunicorn", "-c", str(tmp_path / "gunicorn.conf.py"), "--bind", f"127.0.0.1:{port}"]
         args += ["--no-control-socket", "--graceful-timeout", "5", "--workers", "2", "gunicorn_apps:wsgi"]
@@ -594,7 +594,7 @@ def test_gunicorn_s_bad_spiffe_settings_halt_naming_them(
 ) -> None:
     place_good(tmp_path / "tls.crt", tmp_path / "tls.key", ca)
     (tmp_path / "gunicorn.conf.py").write_text(
-        f"from tlsreload_plugins.gunicorn import add_reload\n\n{setting}\n\nadd_reload(globals())\n"
+        f"from tlsreload_plugins.gunicorn import reloading\n\n{setting}\n\nreloading(globals())\n"
     )
     args = ["-m", "gunicorn", "-c", "gunicorn.conf.py", "--certfile", "tls.crt", "--keyfile", "tls.key"]
     args += ["--bind", f"127.0.0.1:{free_port()}", "gunicorn_apps:wsgi"]

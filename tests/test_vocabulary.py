@@ -5,6 +5,8 @@ it), and the old names that still work for one release, each warning with the ne
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import inspect
 import re
 import warnings
@@ -18,6 +20,14 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 SECTION = "## Every glue's spelling of tlsreload's own settings"
 SETTINGS = ("interval", "sni", "metrics", "crl", "authorize", "password_file", "recipe")
 """tlsreload's own settings, as function-style glues name them (the table's columns, the key password last but one)."""
+OLD_VERBS = {
+    "tlsreload_plugins.gunicorn": "add_reload",
+    "tlsreload_plugins.websockets": "reloading_ssl",
+    "tlsreload_plugins.tornado": "reloading_tls",
+    "tlsreload_plugins.sanic": "reload_certificates",
+}
+"""The entry points renamed ``reloading`` (the one verb where the server's own convention does not name one), by the
+module they are imported from: their names before, which warn for one release."""
 
 
 def table() -> dict[str, list[str]]:
@@ -39,26 +49,22 @@ def spellings(cell: str) -> list[str]:
 
 def glues() -> dict[str, Callable[..., Any]]:
     """Each function-style row's entry point."""
-    from tlsreload_plugins.aiohttp import reloading
+    from tlsreload_plugins import aiohttp, gunicorn, sanic, tornado, websockets
     from tlsreload_plugins.cheroot import ReloadingSSLAdapter
     from tlsreload_plugins.fresh import fresh_context
     from tlsreload_plugins.grpc import server_credentials
-    from tlsreload_plugins.gunicorn import add_reload
-    from tlsreload_plugins.sanic import reload_certificates
-    from tlsreload_plugins.tornado import reloading_tls
     from tlsreload_plugins.uvicorn import reloading_ssl_context
-    from tlsreload_plugins.websockets import reloading_ssl
 
     return {
         "`fresh_context` (any server taking an `ssl.SSLContext`)": fresh_context,
-        "aiohttp `reloading`": reloading,
-        "websockets `reloading_ssl`": reloading_ssl,
-        "Tornado `reloading_tls`": reloading_tls,
+        "aiohttp `reloading`": aiohttp.reloading,
+        "websockets `reloading`": websockets.reloading,
+        "Tornado `reloading`": tornado.reloading,
         "cheroot `ReloadingSSLAdapter`": ReloadingSSLAdapter,
-        "Sanic `reload_certificates`": reload_certificates,
+        "Sanic `reloading`": sanic.reloading,
         "gRPC `server_credentials`": server_credentials,
         "uvicorn `reloading_ssl_context`": reloading_ssl_context,
-        "gunicorn `add_reload`": add_reload,
+        "gunicorn `reloading`": gunicorn.reloading,
     }
 
 
@@ -85,7 +91,7 @@ def test_the_settings_have_one_type_in_every_glue() -> None:
 
 
 def test_the_configuration_keys_and_options_the_table_gives_are_read(capsys: pytest.CaptureFixture[str]) -> None:
-    from tlsreload_plugins.gunicorn import add_reload
+    from tlsreload_plugins.gunicorn import reloading
     from tlsreload_plugins.hypercorn import ReloadingConfig
     from tlsreload_plugins.servers.twisted import EXTRA_KEYWORDS
     from tlsreload_plugins.serving.options import add_options
@@ -105,8 +111,8 @@ def test_the_configuration_keys_and_options_the_table_gives_are_read(capsys: pyt
             return super().get(key, default)
 
     namespace = Recorded()
-    add_reload(namespace)
-    gunicorn = rows["gunicorn configuration (with `add_reload` or the drop-in)"]
+    reloading(namespace)
+    gunicorn = rows["gunicorn configuration (with `reloading` or the drop-in)"]
     keys = [name for cell in gunicorn for name in spellings(cell) if name.startswith("tls_")]
     assert keys and [key for key in keys if key not in namespace.asked] == []
 
@@ -133,6 +139,14 @@ def test_old_names_still_work_and_warn_with_the_new_one(tmp_path: Path) -> None:
     from tlsreload_plugins.gunicorn import worker_reloader
     from tlsreload_plugins.sni.identities import SNIIdentities
 
+    for module, old_name in OLD_VERBS.items():
+        glue = importlib.import_module(module)
+        old = getattr(glue, old_name)
+        assert inspect.signature(old) == inspect.signature(glue.reloading)  # the same arguments
+        said = rf"{module}\.{old_name} is deprecated: it is reloading now"
+        # Called with no arguments, it fails as reloading() would: only the warning before matters here.
+        with pytest.warns(DeprecationWarning, match=said), contextlib.suppress(TypeError):
+            old()
     with pytest.warns(DeprecationWarning, match=r"worker_reloader\(\) is deprecated: use reloaders\(\)"):
         assert worker_reloader() is None  # not in a gunicorn worker
     with pytest.warns(DeprecationWarning, match=r"export_metrics=\) is deprecated: it is metrics="):

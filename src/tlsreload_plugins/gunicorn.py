@@ -7,5 +7,6 @@ import sys
 
 from tlsreload_plugins.servers import gunicorn as _glue
 from tlsreload_plugins.servers.gunicorn import *  # noqa: F403 - the glue's public names, for type checkers
+from tlsreload_plugins.servers.gunicorn import add_reload as add_reload  # deprecated: reloading
 
 sys.modules[__name__] = _glue

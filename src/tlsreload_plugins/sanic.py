@@ -8,5 +8,6 @@ import sys
 
 from tlsreload_plugins.servers import sanic as _glue
 from tlsreload_plugins.servers.sanic import *  # noqa: F403 - the glue's public names, for type checkers
+from tlsreload_plugins.servers.sanic import reload_certificates as reload_certificates  # deprecated: reloading
 
 sys.modules[__name__] = _glue

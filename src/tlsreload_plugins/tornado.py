@@ -8,5 +8,6 @@ import sys
 
 import tlsreload_plugins.servers.tornado as _glue
 from tlsreload_plugins.servers.tornado import *  # noqa: F403 - the glue's public names, for type checkers
+from tlsreload_plugins.servers.tornado import reloading_tls as reloading_tls  # deprecated: reloading
 
 sys.modules[__name__] = _glue

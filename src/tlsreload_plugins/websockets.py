@@ -8,5 +8,6 @@ import sys
 
 import tlsreload_plugins.servers.websockets as _glue
 from tlsreload_plugins.servers.websockets import *  # noqa: F403 - the glue's public names, for type checkers
+from tlsreload_plugins.servers.websockets import reloading_ssl as reloading_ssl  # deprecated: reloading
 
 sys.modules[__name__] = _glue

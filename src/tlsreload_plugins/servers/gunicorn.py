@@ -1,6 +1,6 @@
 """gunicorn glue: reload the TLS certificate inside every worker, whatever the worker class (see docs/gunicorn.md).
 
-How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``add_reload(globals())`` last in
+How it is configured: ``-c python:tlsreload_plugins.gunicorn_conf`` (the drop-in), or ``reloading(globals())`` last in
 your ``gunicorn.conf.py`` (your hooks still run); gunicorn's ``certfile``, ``keyfile``, ``ca_certs``; ``tls_sni``,
 ``tls_metrics``; ``$TLSRELOAD_KEY_PASSWORD_FILE``; ``tls_spiffe`` (or ``$TLSRELOAD_SPIFFE``): the identity from
 SPIFFE's Workload API, followed by the arbiter, its files gunicorn's ``certfile``, ``keyfile`` and ``ca_certs``
@@ -34,6 +34,7 @@ from tlsreload_plugins.files import Password, TLSFiles
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.renamed import renamed
 from tlsreload_plugins.servers.gunicorn_worker_classes import WORKER_CLASSES
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.configured import server_context
@@ -47,7 +48,7 @@ from tlsreload_plugins.settings import resolve_password, resolve_spiffe
 if TYPE_CHECKING:  # imported where SPIFFE is configured, not by every worker
     from tlsreload_plugins.sources.source_process import SourceProcess
 
-__all__ = ["add_reload", "reloaders"]
+__all__ = ["reloading", "reloaders"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.gunicorn")
 
@@ -92,7 +93,7 @@ def worker_reloader() -> Reloader | None:
     return running_here()
 
 
-def add_reload(
+def reloading(
     namespace: MutableMapping[str, Any],
     *,
     interval: float | None = None,
@@ -127,9 +128,9 @@ def add_reload(
             :func:`~tlsreload_plugins.authorization.parse_authorizer`): else the module's ``tls_spiffe_authorize``,
             else ``$TLSRELOAD_SPIFFE_AUTHORIZE``; client certificates are then required.
 
-    Example: at the end of ``gunicorn.conf.py``, after your hooks: ``add_reload(globals())``.
+    Example: at the end of ``gunicorn.conf.py``, after your hooks: ``reloading(globals())``.
     """
-    if made_by(namespace.get("ssl_context"), add_reload):
+    if made_by(namespace.get("ssl_context"), reloading):
         return
     interval = interval if interval is not None else namespace.get("tls_reload_interval")
     sni = sni if sni is not None else namespace.get("tls_sni")
@@ -193,7 +194,7 @@ def drop_in_settings(module: str) -> dict[str, Any]:
         read = dict(Application.get_config_from_filename(None, location.removeprefix("file:")))
     names = {setting.name for setting in KNOWN_SETTINGS}
     settings = {name: value for name, value in read.items() if name in names}
-    add_reload(
+    reloading(
         settings,
         interval=read.get("tls_reload_interval"),
         sni=read.get("tls_sni"),
@@ -358,7 +359,7 @@ def _start_worker(worker: Any, user_ssl_context: SSLContextHook, settings: Setti
     glue = glue_for(type(worker), WORKER_CLASSES)
     if glue is not None and glue.serve is not None:
         glue.serve(worker, serve_through_hook)
-    elif still_ours(cfg.ssl_context, add_reload, "ssl_context", log):
+    elif still_ours(cfg.ssl_context, reloading, "ssl_context", log):
         serve(lambda: _context_of(cfg), lambda files: _context_of(with_files(cfg, files)))
 
 
@@ -401,8 +402,12 @@ def _refuse_as_configuration() -> None:
     if (command_line or environment) == wrong:  # as gunicorn reads -c: the command line's, else $GUNICORN_CMD_ARGS'
         raise RuntimeError(
             f"{wrong} is tlsreload's library and sets nothing, so certificates would not be reloaded: "
-            f"use -c {DROP_IN}, or add_reload(globals()) at the end of your own configuration file"
+            f"use -c {DROP_IN}, or reloading(globals()) at the end of your own configuration file"
         )
 
 
 _refuse_as_configuration()
+
+
+add_reload: Callable[..., None] = renamed(reloading, "add_reload", "tlsreload_plugins.gunicorn")
+"""Deprecated: :func:`reloading` (the name of an earlier release, for one more; it warns)."""

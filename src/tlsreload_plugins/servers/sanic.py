@@ -1,6 +1,6 @@
 """Reload TLS certificates inside Sanic: its worker manager, its command line, its several certificates.
 
-One line where the app is made (each worker imports that module too): ``reload_certificates(app)``; then Sanic as
+One line where the app is made (each worker imports that module too): ``reloading(app)``; then Sanic as
 usual (``app.run(ssl=..., workers=N)``, ``sanic app:app --cert C --key K``, ``--tls DIR``). Each worker builds its
 context through the app's ``certloader_class``: :class:`ReloadingCertLoader` uses Sanic's own ``CertSimple``
 (ciphers, ALPN, TLS 1.2 floor, names read from the certificate) and checks the files in a thread. Workers Sanic
@@ -35,6 +35,7 @@ from tlsreload_plugins.files import Password, TLSFiles, password_text
 from tlsreload_plugins.identity import Leaf
 from tlsreload_plugins.publication.reader import ReaderProcess
 from tlsreload_plugins.reloader import Reloader, create_connections_on
+from tlsreload_plugins.renamed import renamed
 from tlsreload_plugins.resumption import check_handshakes, refuse_if_resumed
 from tlsreload_plugins.serving import logs
 from tlsreload_plugins.serving.lifespan import register, reloaders
@@ -43,7 +44,7 @@ from tlsreload_plugins.serving.workers import waiting_in_spawned_worker
 from tlsreload_plugins.settings import resolve_password
 from tlsreload_plugins.sni.discovery import resolve_directories
 
-__all__ = ["ReloadingCertLoader", "reload_certificates", "reloaders"]
+__all__ = ["ReloadingCertLoader", "reloading", "reloaders"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.sanic")
 
@@ -62,7 +63,7 @@ Entry = dict[
 _settings: dict[str, Settings] = {}  # by app name: a worker imports the app's module, which gives them again
 
 
-def reload_certificates(
+def reloading(
     app: Sanic[Any, Any],
     *,
     interval: float | None = None,
@@ -86,7 +87,7 @@ def reload_certificates(
     Example::
 
         app = Sanic("app")
-        reload_certificates(app, interval=5)
+        reloading(app, interval=5)
         app.run(ssl={"cert": "tls.crt", "key": "tls.key"}, workers=4)
     """
     _settings[app.name] = Settings(interval, sni, metrics, authorize=authorize)
@@ -95,7 +96,7 @@ def reload_certificates(
 
 
 class ReloadingCertLoader(CertLoader):
-    """Sanic's certificate loader (``certloader_class``), reloading: :func:`reload_certificates` sets it."""
+    """Sanic's certificate loader (``certloader_class``), reloading: :func:`reloading` sets it."""
 
     def __init__(self, ssl_data: Any) -> None:
         super().__init__(ssl_data)
@@ -276,3 +277,7 @@ def _selector(made: list[Reloader], strict: bool) -> ssl.SSLContext:
 
 def _route_logs() -> None:
     logs.forward_to(logging.getLogger("sanic.error"))
+
+
+reload_certificates: Callable[..., None] = renamed(reloading, "reload_certificates", "tlsreload_plugins.sanic")
+"""Deprecated: :func:`reloading` (the name of an earlier release, for one more; it warns)."""

@@ -1,4 +1,4 @@
-"""Tornado glue: ``HTTPServer(app, ssl_options=reloading_tls(ssl_options).context())``, alone or forked.
+"""Tornado glue: ``HTTPServer(app, ssl_options=reloading(ssl_options).context())``, alone or forked.
 
 How it is configured: Tornado's own ``ssl_options`` dictionary (``certfile``, ``keyfile``, ``ca_certs``,
 ``cert_reqs``, ``ciphers``, ``ssl_version``), plus tlsreload's settings as keyword arguments and the
@@ -8,7 +8,7 @@ loaded with the password of ``password_file`` or ``$TLSRELOAD_KEY_PASSWORD_FILE`
 dictionary has no key for). Tornado wraps each accepted connection with the context it was given: new
 connections get the newest valid certificate, established ones keep theirs.
 
-Worker lifecycle: :func:`reloading_tls` checks the files once, in the process that starts the server. Under
+Worker lifecycle: :func:`reloading` checks the files once, in the process that starts the server. Under
 ``tornado.process.fork_processes`` that is the parent: just before its first ``fork()`` (an ``os.register_at_fork``
 hook) it starts the server's one reader of the files (:mod:`tlsreload_plugins.publication`), and no thread runs
 there. Each process that serves then calls :meth:`ReloadingTLS.context` before its event loop starts; it gets a
@@ -34,10 +34,11 @@ from tlsreload_plugins.files import password_file as password_in_file
 from tlsreload_plugins.memory_files import RecipeFor
 from tlsreload_plugins.publication.reader import ReaderFailed, ReaderProcess
 from tlsreload_plugins.reloader import Reloader
+from tlsreload_plugins.renamed import renamed
 from tlsreload_plugins.serving.start import Settings, Waiting, check_at_start, start_reader, start_reloader
 from tlsreload_plugins.settings import resolve_password
 
-__all__ = ["ReloadingTLS", "reloaders", "reloading_tls"]
+__all__ = ["ReloadingTLS", "reloaders", "reloading"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.tornado")
 
@@ -50,7 +51,7 @@ MISSING_EXTRA = "pip install 'tlsreload-plugins[tornado]'"
 class ReloadingTLS:
     """The TLS identity of one Tornado server, checked at start, kept for every process that serves it.
 
-    Made by :func:`reloading_tls` (no public constructor). :meth:`context` in each serving process.
+    Made by :func:`reloading` (no public constructor). :meth:`context` in each serving process.
     """
 
     def __init__(self, files: TLSFiles, recipe_for: RecipeFor, password: Password, settings: Settings) -> None:
@@ -154,7 +155,7 @@ def _tornado_recipe(ssl_options: Mapping[str, Any], password: Password) -> Recip
     return tornado_context
 
 
-def reloading_tls(
+def reloading(
     ssl_options: Mapping[str, Any],
     *,
     crl: str | None = None,
@@ -190,7 +191,7 @@ def reloading_tls(
 
     Example::
 
-        tls = reloading_tls({"certfile": "/etc/tls/tls.crt", "keyfile": "/etc/tls/tls.key"})
+        tls = reloading({"certfile": "/etc/tls/tls.crt", "keyfile": "/etc/tls/tls.key"})
         sockets = tornado.netutil.bind_sockets(8443)
         tornado.process.fork_processes(2)  # or not: the same lines serve one process
         server = HTTPServer(app, ssl_options=tls.context())
@@ -217,3 +218,7 @@ def reloading_tls(
     os.register_at_fork(before=tls.before_fork)  # fork_processes forks with os.fork(), and has no hook of its own
     _made.append(tls)
     return tls
+
+
+reloading_tls: Callable[..., ReloadingTLS] = renamed(reloading, "reloading_tls", "tlsreload_plugins.tornado")
+"""Deprecated: :func:`reloading` (the name of an earlier release, for one more; it warns)."""

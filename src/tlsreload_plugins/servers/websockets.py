@@ -1,7 +1,7 @@
-"""websockets glue: ``async with reloading_ssl(certfile, keyfile) as context`` around ``serve(..., ssl=context)``.
+"""websockets glue: ``async with reloading(certfile, keyfile) as context`` around ``serve(..., ssl=context)``.
 
 How it is configured: ``websockets.asyncio.server.serve(handler, host, port, ssl=...)`` takes an
-:class:`ssl.SSLContext` and hands it to asyncio's ``create_server`` once. :func:`reloading_ssl` gives it
+:class:`ssl.SSLContext` and hands it to asyncio's ``create_server`` once. :func:`reloading` gives it
 one from :func:`~tlsreload_plugins.fresh_context`, made in the loop's executor (reading and validating
 the files never runs on the event loop), checked in a daemon thread while the ``async with`` block runs,
 and stopped when it ends.
@@ -27,14 +27,15 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from tlsreload_plugins.authorization import Authorizer
 from tlsreload_plugins.fresh import fresh_context, reloaders
 from tlsreload_plugins.memory_files import RecipeFor
+from tlsreload_plugins.renamed import renamed
 
-__all__ = ["reloaders", "reloading_ssl"]
+__all__ = ["reloaders", "reloading"]
 
 log: logging.Logger = logging.getLogger("tlsreload_plugins.websockets")
 
 
 @contextlib.asynccontextmanager
-async def reloading_ssl(
+async def reloading(
     certfile: str,
     keyfile: str | None = None,
     *,
@@ -65,7 +66,7 @@ async def reloading_ssl(
 
     Example::
 
-        async with reloading_ssl("/etc/tls/tls.crt", "/etc/tls/tls.key") as ssl_context:
+        async with reloading("/etc/tls/tls.crt", "/etc/tls/tls.key") as ssl_context:
             async with serve(handler, "0.0.0.0", 8443, ssl=ssl_context) as server:
                 await server.serve_forever()
     """
@@ -90,3 +91,9 @@ async def reloading_ssl(
         # close() joins the checking thread, which may be in the middle of a check: not on the loop.
         await loop.run_in_executor(None, fresh.close)
         log.debug("stopped checking %s", fresh.reloader.files.describe())
+
+
+reloading_ssl: Callable[..., contextlib.AbstractAsyncContextManager[ssl.SSLContext]] = renamed(
+    reloading, "reloading_ssl", "tlsreload_plugins.websockets"
+)
+"""Deprecated: :func:`reloading` (the name of an earlier release, for one more; it warns)."""

@@ -82,7 +82,7 @@ def still_ours(hook: object, maker: Callable[..., object], name: str, log: loggi
     Returns:
         ``True`` when the hook is ours; ``False``, after the ERROR line, when not.
 
-    Example: ``if still_ours(cfg.ssl_context, add_reload, "ssl_context", log): start_reloading()``.
+    Example: ``if still_ours(cfg.ssl_context, reloading, "ssl_context", log): start_reloading()``.
     """
     if made_by(hook, maker):
         return True

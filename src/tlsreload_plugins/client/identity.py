@@ -419,10 +419,15 @@ class ClientIdentity:
         outcome = self._decision.conclude(examined, now, settle)
         if outcome is Outcome.UNCHANGED:
             self._warn_expiry(now)
-        if outcome is not Outcome.RELOADED or examined.context is None or examined.leaf is None:
+        if (
+            outcome is not Outcome.RELOADED
+            or examined.context is None
+            or examined.leaf is None
+            or examined.snapshot is None
+        ):
             return outcome
         old = self._presented
-        new = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot or old.snapshot)
+        new = Presented(old.generation + 1, examined.context, examined.leaf, examined.snapshot)
         for own, context in copies:
             own.presented = Presented(new.generation, context, new.leaf, new.snapshot)
         self._presented = new

@@ -210,9 +210,7 @@ def reloading(
     )
     password = resolve_password(password_in_file(password_file) if password_file else None)
     recipe_for = _tornado_recipe(ssl_options, password)
-    settings = Settings(
-        interval, list(sni) if sni is not None and not isinstance(sni, str) else sni, metrics, crl, authorize
-    )
+    settings = Settings(interval, sni, metrics, crl, authorize)
     check_at_start(files, lambda: recipe_for(files), password, settings)
     tls = ReloadingTLS(files, recipe_for, password, settings)
     os.register_at_fork(before=tls.before_fork)  # fork_processes forks with os.fork(), and has no hook of its own

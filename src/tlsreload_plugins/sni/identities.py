@@ -26,7 +26,6 @@ Example (a server of your own; the adapters do this for you)::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -305,9 +304,9 @@ class SNIIdentities:
             return [(snapshot, self.password) for snapshot in fresh]
 
         items = run(gather) if adding or (dirty and apart) else []
-        # Here too when this process validates (a reader): a batch of thousands is split across the CPUs.
-        batched = apart or validate_apart.batched(len(items))
-        return validate_apart.prejudged(items, run=run) if batched else contextlib.nullcontext()
+        # Judged ahead where validation runs in a child, and in a reader (which validates in itself) when the batch is
+        # large enough to split across the CPUs: prejudged decides (validation.apart.batched).
+        return validate_apart.prejudged(items, run=run)
 
     def _check_one(self, name: str, reloader: Reloader, settle: bool, offload: Offload[Examined] | None) -> bool:
         """Check one served identity; whether the names its leaf lists changed (the routing table must follow: a
